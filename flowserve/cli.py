@@ -1,0 +1,125 @@
+"""``flowserve serve | validate | graph list``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from flowserve.core.errors import SpecIssue
+from flowserve.dataplane.engine import add_import_roots, scan_all
+from flowserve.nodes.factory import compile_all
+
+DEFAULT_REPOSITORY = "model_repository"
+DEFAULT_GRAPHS = "graphs"
+
+
+def _sources(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    repos = [Path(p) for p in (args.model_repository or [])]
+    graphs = [Path(p) for p in (args.graphs or [])]
+    if not repos and not graphs:
+        repos = [Path(DEFAULT_REPOSITORY)] if Path(DEFAULT_REPOSITORY).is_dir() else []
+        graphs = [Path(DEFAULT_GRAPHS)] if Path(DEFAULT_GRAPHS).is_dir() else []
+    return repos, graphs
+
+
+def validate_paths(paths: Sequence[Path]) -> tuple[list[str], list[SpecIssue]]:
+    """Compile everything under ``paths``; returns the valid names and every problem.
+
+    A path is a model repository if it holds model directories, otherwise a graph folder or
+    a single graph file. Graphs may use models from any repository given alongside.
+    """
+    repos = [p for p in paths if p.is_dir() and _is_repository(p)]
+    graphs = [p for p in paths if p not in repos]
+    add_import_roots([g if g.is_dir() else g.parent for g in graphs])
+    scan = scan_all(repos, graphs)
+    compiled = compile_all(scan)
+    return compiled.order, compiled.issues
+
+
+def _is_repository(path: Path) -> bool:
+    return any(c.is_dir() and not c.name.startswith(".") for c in path.iterdir()) and not any(
+        path.glob("*.y*ml")
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    valid, issues = validate_paths([Path(p) for p in args.paths])
+    for issue in issues:
+        print(f"error: {issue}", file=sys.stderr)
+    if issues:
+        print(f"{len(issues)} error(s); {len(valid)} valid: {', '.join(valid) or 'none'}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(valid)} valid ({', '.join(valid)})")
+    return 0
+
+
+def cmd_graph_list(args: argparse.Namespace) -> int:
+    repos, graphs = _sources(args)
+    add_import_roots(graphs)
+    scan = scan_all(repos, graphs)
+    compiled = compile_all(scan)
+    for name in sorted({*compiled.plans, *compiled.failed}):
+        plan = compiled.plans.get(name)
+        if plan is None:
+            print(f"{name}\tINVALID\t{compiled.failed[name]}")
+            continue
+        kind = plan.spec.platform
+        nodes = ", ".join(f"{n.name}({n.spec.kind})" for n in plan.nodes)
+        print(f"{name}\t{kind}\t{nodes}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flowserve.server import ServerOptions, serve
+
+    repos, graphs = _sources(args)
+    options = ServerOptions(
+        model_repositories=repos,
+        graph_dirs=graphs,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+    )
+    return asyncio.run(serve(options))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowserve", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve model repositories and graphs")
+    serve.add_argument("--model-repository", action="append", metavar="DIR")
+    serve.add_argument("--graphs", action="append", metavar="DIR")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.set_defaults(func=cmd_serve)
+
+    validate = sub.add_parser("validate", help="check repositories and graphs, list every error")
+    validate.add_argument("paths", nargs="+")
+    validate.set_defaults(func=cmd_validate)
+
+    graph = sub.add_parser("graph", help="inspect graphs")
+    graph_sub = graph.add_subparsers(dest="graph_command", required=True)
+    glist = graph_sub.add_parser("list", help="list models and graphs with their nodes")
+    glist.add_argument("--model-repository", action="append", metavar="DIR")
+    glist.add_argument("--graphs", action="append", metavar="DIR")
+    glist.set_defaults(func=cmd_graph_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

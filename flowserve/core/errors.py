@@ -1,0 +1,136 @@
+"""One error tree for the whole engine, with transport-neutral codes.
+
+::
+
+    FlowserveError (code)
+     +-- InvalidArgument      INVALID_ARG   bad request: unknown input, wrong dtype/shape, ...
+     +-- NotFound             NOT_FOUND     unknown model / version / region
+     +-- Unavailable          UNAVAILABLE   not ready, queue full, timed out in queue
+     +-- Unsupported          UNSUPPORTED   feature not available here (e.g. no GPU)
+     +-- InternalError        INTERNAL      a bug or a failing node
+     |    +-- NodeError                     a node raised; names the graph and the node
+     +-- AlreadyExists        ALREADY_EXISTS
+     +-- Cancelled            CANCELLED
+     +-- ResourceExhausted    RESOURCE_EXHAUSTED  request over a configured size limit
+    SpecError                                   invalid configuration (lists every problem)
+
+Each front end owns exactly one table mapping :class:`ErrorCode` to its own status codes; the
+core never imports a transport.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class ErrorCode(enum.Enum):
+    """Triton's status codes (core/src/status.h), plus RESOURCE_EXHAUSTED for size limits."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+
+
+class FlowserveError(Exception):
+    """Base of every error the engine reports to a caller."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(FlowserveError):
+    code = ErrorCode.INVALID_ARG
+
+
+class NotFound(FlowserveError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Unavailable(FlowserveError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class Unsupported(FlowserveError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class InternalError(FlowserveError):
+    code = ErrorCode.INTERNAL
+
+
+class AlreadyExists(FlowserveError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class Cancelled(FlowserveError):
+    code = ErrorCode.CANCELLED
+
+
+class ResourceExhausted(FlowserveError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class NodeError(InternalError):
+    """A node failed while running; the message names the graph and the node.
+
+    ``path`` lists the graph/node hops from the outermost graph, so an error inside a
+    sub-graph or an ensemble step reads ``in graph 'outer', node 'sub' -> graph 'inner', node 'x'``.
+    """
+
+    def __init__(self, graph: str, node: str, cause: BaseException | str) -> None:
+        detail = cause if isinstance(cause, str) else _describe(cause)
+        self.graph = graph
+        self.node = node
+        self.detail = detail
+        # the caller sees the cause's code: a queue-full step is UNAVAILABLE, not INTERNAL
+        self.code = cause.code if isinstance(cause, FlowserveError) else ErrorCode.INTERNAL
+        super().__init__(f"in graph '{graph}', node '{node}': {detail}")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FlowserveError):
+        return exc.message
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class SpecIssue:
+    """One configuration problem: where it is (file, node, field) and what is wrong."""
+
+    file: str
+    message: str
+    node: str | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.node is not None:
+            where += f": node '{self.node}'"
+        if self.field is not None:
+            where += f": field '{self.field}'"
+        return f"{where}: {self.message}"
+
+
+class SpecError(FlowserveError):
+    """Invalid configuration; carries every problem found, not just the first."""
+
+    code = ErrorCode.INVALID_ARG
+
+    def __init__(self, issues: Iterable[SpecIssue]) -> None:
+        self.issues = list(issues)
+        super().__init__("; ".join(str(i) for i in self.issues) or "invalid configuration")

@@ -1,0 +1,63 @@
+"""The one node contract every node kind implements.
+
+A node takes named numpy tensors and returns named numpy tensors::
+
+    class Node:
+        async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap
+
+Behaviour is added by wrapping a node (a batcher wraps a backend; a model step wraps the
+model's compiled graph), never by patching one. ``start``/``stop`` bracket a node's life:
+``start`` loads what it needs (sessions, user code), ``stop`` releases it.
+
+Where a node's instances run (a thread, a CUDA stream, a worker process, later a remote actor)
+is the node's own business: the executor only awaits ``__call__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TensorMap = dict[str, np.ndarray]
+
+
+@dataclass(slots=True)
+class Span:
+    """One step of a request's trace: a node, when it was queued/started/finished, how it ended."""
+
+    graph: str
+    node: str
+    start_ns: int
+    end_ns: int = 0
+    error: str | None = None
+    skipped: bool = False
+    batch_size: int = 0
+
+
+@dataclass(slots=True)
+class Context:
+    """What a node may know about the request it serves (never the transport)."""
+
+    request_id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    deadline_ns: int | None = None
+    priority: int = 0
+    trace: list[Span] | None = None
+
+
+class Node:
+    """Base class of every node kind. Subclasses override ``__call__`` and maybe start/stop."""
+
+    name: str = ""
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        """Load whatever the node needs. Raising here fails the load of its graph."""
+
+    async def stop(self) -> None:
+        """Release what ``start`` acquired. Must not raise."""

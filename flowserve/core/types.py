@@ -1,0 +1,35 @@
+"""Transport-neutral inference request and response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowserve.core.node import TensorMap
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the caller asked for; ``class_count`` > 0 asks for Triton's top-k classification."""
+
+    name: str
+    class_count: int = 0
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model: str
+    inputs: TensorMap
+    version: str = ""
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[RequestedOutput] | None = None
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model: str
+    version: str
+    outputs: TensorMap
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)

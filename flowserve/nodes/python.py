@@ -1,0 +1,132 @@
+"""Python nodes: user classes from ``nodes/`` (or any importable module) run in-process.
+
+The contract (all optional but ``execute``)::
+
+    class Scale:
+        inputs = {"x": {"datatype": "FP32", "dims": [-1]}}    # or a list of names
+        outputs = {"y": {"datatype": "FP32", "dims": [-1]}}   # or a list of names
+
+        def initialize(self, config: dict) -> None: ...       # name, graph, parameters, instance
+        def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+        # or: async def execute(self, inputs) -> dict[str, np.ndarray]
+        def finalize(self) -> None: ...
+
+``dims`` are full shapes (with any batch dimension). YAML ``outputs`` on the node override the
+class's. A sync ``execute`` runs on the instance's own thread, so a slow node never stalls the
+event loop; an ``async`` one runs on the loop. ``instances.count`` copies run concurrently.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from flowserve.core.datatypes import DATATYPES
+from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue
+from flowserve.core.node import Context, Node, TensorMap
+from flowserve.graph.plan import Signature
+from flowserve.nodes.instances import InstancePool
+from flowserve.spec.schema import NodeSpec, TensorSpec
+
+
+def import_target(target: str) -> Any:
+    """``module:attr`` -> the object, with an error that says what could not be found."""
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgument(f"cannot import module '{module_name}': {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise InvalidArgument(f"module '{module_name}' has no attribute '{attr}'") from None
+    return obj
+
+
+def _tensor_table(raw: Any, what: str) -> dict[str, TensorSpec | None] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, list | tuple):
+        return dict.fromkeys(str(n) for n in raw)
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"class attribute '{what}' must be a list of names or a dict")
+    table: dict[str, TensorSpec | None] = {}
+    for name, spec in raw.items():
+        if spec is None:
+            table[name] = None
+            continue
+        datatype, dims = (spec["datatype"], spec["dims"]) if isinstance(spec, dict) else spec
+        if datatype not in DATATYPES:
+            raise InvalidArgument(f"{what} '{name}': unknown datatype {datatype!r}")
+        table[name] = TensorSpec(name, datatype, tuple(dims))
+    return table
+
+
+def python_signature(spec: NodeSpec) -> Signature:
+    cls = import_target(spec.target)
+    if not callable(getattr(cls, "execute", None)):
+        raise InvalidArgument(f"'{spec.target}' has no execute(inputs) method")
+    inputs = _tensor_table(getattr(cls, "inputs", None), "inputs")
+    outputs = dict(_tensor_table(getattr(cls, "outputs", None), "outputs") or {})
+    for name, tensor in spec.outputs.items():
+        outputs[name] = tensor if tensor is not None else outputs.get(name)
+    if not outputs:
+        raise SpecError([SpecIssue(
+            "", f"'{spec.target}' declares no outputs: set an 'outputs' class attribute or "
+            "list them under the node's 'outputs'", spec.name, "outputs",
+        )])
+    optional = frozenset(getattr(cls, "optional_inputs", ()))
+    return Signature(inputs=inputs, outputs=outputs, optional=optional)
+
+
+class PythonNode(Node):
+    def __init__(self, spec: NodeSpec, graph: str) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.graph = graph
+        self.cls = import_target(spec.target)
+        execute = self.cls.execute
+        self._async = inspect.iscoroutinefunction(execute)
+        self._with_ctx = len(inspect.signature(execute).parameters) >= 3
+        self.pool: InstancePool[Any] = InstancePool(f"{graph}.{spec.name}")
+
+    async def start(self) -> None:
+        for _ in range(self.spec.instances.count):
+            await self.pool.add(self._create)
+
+    def _create(self, index: int) -> Any:
+        obj = self.cls()
+        init = getattr(obj, "initialize", None)
+        if init is not None:
+            init({
+                "name": self.spec.name,
+                "graph": self.graph,
+                "parameters": dict(self.spec.parameters),
+                "instance": index,
+            })
+        return obj
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        if self._async:
+            if self._with_ctx:
+                return await self.pool.run_async(lambda o, a: o.execute(a, ctx), inputs)  # type: ignore[return-value]
+            return await self.pool.run_async(lambda o, a: o.execute(a), inputs)  # type: ignore[return-value]
+        if self._with_ctx:
+            return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)  # type: ignore[return-value]
+        return await self.pool.run(_execute, inputs)  # type: ignore[return-value]
+
+    async def stop(self) -> None:
+        await self.pool.close(_finalize)
+
+
+def _execute(obj: Any, inputs: TensorMap) -> Any:
+    return obj.execute(inputs)
+
+
+def _finalize(obj: Any) -> None:
+    fin = getattr(obj, "finalize", None)
+    if fin is not None:
+        fin()

@@ -1,0 +1,30 @@
+"""A graph node that runs another servable: a repository model (``model:``), a Triton ensemble
+step, or another graph (``graph:``). The target is looked up per call, so a reloaded model is
+picked up without reloading the graphs that use it; its own validation, batching and
+statistics apply, as with Triton's ensemble steps."""
+
+from __future__ import annotations
+
+from flowserve.core.node import Context, Node, TensorMap
+from flowserve.graph.plan import Plan, Signature
+from flowserve.runtime.registry import Registry
+
+
+def step_signature(plan: Plan) -> Signature:
+    return Signature(
+        inputs=dict(plan.inputs),
+        outputs={o.name: o.tensor for o in plan.outputs},
+        optional=frozenset(n for n, t in plan.inputs.items() if t.optional),
+    )
+
+
+class StepNode(Node):
+    def __init__(self, name: str, registry: Registry, target: str, version: str) -> None:
+        self.name = name
+        self.registry = registry
+        self.target = target
+        self.version = version
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        servable = self.registry.get(self.target, self.version)
+        return await servable.infer(inputs, ctx)

@@ -1,0 +1,158 @@
+"""The asyncio driver: takes one token (a request's tensors) through a plan.
+
+Decisions come from :class:`~flowserve.runtime.flow.Flow`; this module only starts nodes,
+awaits them and records what happened. A lone ready node is awaited inline (no task); several
+ready nodes run as tasks, concurrently. When a node fails, its siblings are cancelled and the
+caller gets a :class:`NodeError` naming the graph and the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.datatypes import to_numpy
+from flowserve.core.errors import FlowserveError, NodeError, Unavailable
+from flowserve.core.node import Context, Node, Span, TensorMap
+from flowserve.graph.plan import Plan, PlanNode
+from flowserve.runtime.flow import Flow
+from flowserve.runtime.stats import NodeStats
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCheck:
+    name: str
+    key: str
+    dtype: np.dtype[np.generic] | None
+    rank: int
+
+
+def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
+    checks = []
+    for name in node.outputs:
+        spec = node.signature.outputs.get(name)
+        dtype = to_numpy(spec.datatype) if spec is not None else None
+        checks.append(OutputCheck(name, f"{node.name}.{name}", dtype, len(spec.dims) if spec else -1))
+    return tuple(checks)
+
+
+class Executor:
+    """Runs tokens through one plan with its node objects (aligned with ``plan.nodes``)."""
+
+    def __init__(self, plan: Plan, nodes: list[Node], clock: Clock = MONOTONIC) -> None:
+        self.plan = plan
+        self.nodes = nodes
+        self.clock = clock
+        self.stats = [NodeStats() for _ in plan.nodes]
+        self._checks = [output_checks(n) for n in plan.nodes]
+        # switch nodes produce only the branch they take; every other node all it declares
+        self._partial = [n.spec.kind == "switch" for n in plan.nodes]
+
+    async def run(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        plan = self.plan
+        flow = Flow(plan)
+        env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
+        ready = flow.start(set(env))
+        pending: dict[asyncio.Task[TensorMap], int] = {}
+        try:
+            while ready or pending:
+                if len(ready) == 1 and not pending:
+                    index = ready[0]
+                    produced = await self._run_node(index, flow, env, ctx)
+                    ready = flow.finish(index, produced)
+                    continue
+                for index in ready:
+                    task = asyncio.ensure_future(self._run_node(index, flow, env, ctx))
+                    pending[task] = index
+                ready = []
+                if flow.done:
+                    break
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index = pending.pop(task)
+                    ready.extend(flow.finish(index, task.result()))
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for name in flow.skipped:
+            self.stats[plan.node(name).index].skipped += 1
+            if ctx.trace is not None:
+                now = self.clock.now_ns()
+                ctx.trace.append(Span(plan.name, name, now, now, skipped=True))
+        result: TensorMap = {}
+        for out in plan.outputs:
+            key = flow.output_key(out.keys)
+            if key:
+                result[out.name] = env[key]
+        return result
+
+    async def _run_node(self, index: int, flow: Flow, env: dict[str, np.ndarray], ctx: Context) -> TensorMap:
+        plan_node = self.plan.nodes[index]
+        stats = self.stats[index]
+        chosen = flow.chosen[index]
+        inputs = {name: env[key] for name, key in chosen.items() if key}
+        clock = self.clock
+        start = clock.now_ns()
+        if ctx.deadline_ns is not None and start > ctx.deadline_ns:
+            raise NodeError(self.plan.name, plan_node.name, Unavailable("request timeout expired"))
+        span = Span(self.plan.name, plan_node.name, start) if ctx.trace is not None else None
+        stats.calls += 1
+        stats.in_flight += 1
+        try:
+            outputs = await self.nodes[index](inputs, ctx)
+            self._check_outputs(index, outputs)
+        except (Exception, asyncio.CancelledError) as exc:
+            stats.errors += 1
+            error = NodeError(self.plan.name, plan_node.name, exc)
+            stats.last_error = error.detail
+            if span is not None and ctx.trace is not None:
+                span.end_ns, span.error = clock.now_ns(), error.detail
+                ctx.trace.append(span)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise error from exc
+        finally:
+            stats.in_flight -= 1
+        end = clock.now_ns()
+        stats.total.add(end - start)
+        if span is not None and ctx.trace is not None:
+            span.end_ns = end
+            ctx.trace.append(span)
+        for check in self._checks[index]:
+            if check.name in outputs:
+                env[check.key] = outputs[check.name]
+        return outputs
+
+    def _check_outputs(self, index: int, outputs: TensorMap) -> None:
+        if not isinstance(outputs, dict):
+            raise FlowserveError(f"returned {type(outputs).__name__}, expected a dict of tensors")
+        for check in self._checks[index]:
+            array = outputs.get(check.name)
+            if array is None:
+                if self._partial[index]:
+                    continue
+                raise FlowserveError(
+                    f"did not produce output '{check.name}' (produced: {', '.join(outputs) or 'none'})"
+                )
+            if not isinstance(array, np.ndarray):
+                raise FlowserveError(
+                    f"output '{check.name}' is a {type(array).__name__}, expected a numpy array"
+                )
+            if check.dtype is not None and array.dtype != check.dtype and not (
+                check.dtype.kind == "O" and array.dtype.kind in "OSU"
+            ):
+                raise FlowserveError(
+                    f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}"
+                )
+            if check.rank >= 0 and array.ndim != check.rank:
+                raise FlowserveError(
+                    f"output '{check.name}' has shape {list(array.shape)}, declared rank {check.rank}"
+                )
+
+
+__all__ = ["Executor", "NodeError"]

@@ -1,0 +1,90 @@
+"""(name, version) -> Servable, with the state of everything the repositories hold."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from flowserve.core.errors import NotFound, Unavailable
+from flowserve.runtime.servable import Servable
+
+
+class State(enum.Enum):
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(slots=True)
+class Status:
+    name: str
+    version: str
+    state: State
+    reason: str = ""
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._servables: dict[str, dict[int, Servable]] = {}
+        self._status: dict[tuple[str, str], Status] = {}
+
+    def add(self, servable: Servable) -> None:
+        self._servables.setdefault(servable.name, {})[servable.version] = servable
+        key = (servable.name, str(servable.version))
+        self._status[key] = Status(servable.name, str(servable.version), State.READY)
+        self._status.pop((servable.name, ""), None)
+
+    def remove(self, name: str) -> list[Servable]:
+        """Drop every version of ``name``; returns them (for the caller to stop)."""
+        gone = list(self._servables.pop(name, {}).values())
+        for key in [k for k in self._status if k[0] == name]:
+            status = self._status[key]
+            self._status[key] = Status(name, status.version, State.UNAVAILABLE, "unloaded")
+        return gone
+
+    def mark(self, name: str, version: str, state: State, reason: str = "") -> None:
+        self._status[(name, version)] = Status(name, version, state, reason)
+
+    def get(self, name: str, version: str = "") -> Servable:
+        """The servable for (name, version); "" picks the highest loaded version."""
+        versions = self._servables.get(name)
+        if not versions:
+            status = self._failed_reason(name)
+            if status is not None:
+                raise Unavailable(f"model '{name}' is not ready: {status}")
+            raise NotFound(f"unknown model: '{name}'")
+        if not version:
+            return versions[max(versions)]
+        try:
+            return versions[int(version)]
+        except (ValueError, KeyError):
+            raise NotFound(
+                f"unknown version '{version}' of model '{name}' (loaded: "
+                f"{', '.join(str(v) for v in sorted(versions))})"
+            ) from None
+
+    def _failed_reason(self, name: str) -> str | None:
+        for (n, _), status in self._status.items():
+            if n == name and status.state is not State.READY:
+                return status.reason or status.state.value
+        return None
+
+    def has(self, name: str) -> bool:
+        return bool(self._servables.get(name))
+
+    def ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except (NotFound, Unavailable):
+            return False
+        return True
+
+    def servables(self) -> list[Servable]:
+        return [s for versions in self._servables.values() for s in versions.values()]
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._servables.get(name, {}))
+
+    def index(self) -> list[Status]:
+        return sorted(self._status.values(), key=lambda s: (s.name, s.version))

@@ -1,0 +1,64 @@
+"""A loaded (name, version): its plan, its executor, its statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.node import Context, TensorMap
+from flowserve.graph.plan import Plan
+from flowserve.runtime.executor import Executor
+from flowserve.runtime.stats import ModelStats
+from flowserve.runtime.validate import validate_inputs
+from flowserve.spec.schema import GraphSpec, ModelSpec
+
+
+@dataclass(eq=False)
+class Servable:
+    """What a request addresses. ``kind`` is "model" (a repository model with a backend),
+    "ensemble" (a Triton ensemble) or "graph" (a YAML graph)."""
+
+    name: str
+    version: int
+    kind: str
+    plan: Plan
+    executor: Executor
+    spec: ModelSpec | GraphSpec
+    config: Any
+    clock: Clock = MONOTONIC
+    stats: ModelStats = field(default_factory=ModelStats)
+    decoupled: bool = False
+
+    @property
+    def platform(self) -> str:
+        return str(self.config.platform or self.config.backend)
+
+    async def infer(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        """Validate the request, run it, and count it."""
+        clock = self.clock
+        start = clock.now_ns()
+        stats = self.stats
+        try:
+            rows = validate_inputs(self.plan, inputs)
+        except Exception:
+            stats.record_request(False, clock.now_ns() - start)
+            raise
+        stats.pending += 1
+        try:
+            outputs = await self.executor.run(inputs, ctx)
+        except BaseException:
+            stats.record_request(False, clock.now_ns() - start)
+            raise
+        finally:
+            stats.pending -= 1
+        elapsed = clock.now_ns() - start
+        if self.kind != "model":
+            # a graph has no backend of its own to count executions; each request is one
+            stats.record_execution(rows, 0, elapsed, 0)
+        stats.record_request(True, elapsed)
+        return outputs
+
+    async def stop(self) -> None:
+        for node in self.executor.nodes:
+            await node.stop()

@@ -1,0 +1,88 @@
+"""Cumulative statistics, exact and cheap to update, pulled by readers at report time.
+
+Model statistics mirror Triton's statistics extension (counts and nanoseconds per phase);
+node statistics add what a graph needs to be seen: calls, errors, skips, queue and compute time,
+batch sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flowserve.core.clock import wall_ms
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ExecStats:
+    """What executing batches costs: shared by model stats and node stats."""
+
+    inference_count: int = 0
+    execution_count: int = 0
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStat] = field(default_factory=dict)
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of ``batch_size`` rows (or requests) with its phase durations."""
+        self.inference_count += batch_size
+        self.execution_count += 1
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        stat = self.batches.get(batch_size)
+        if stat is None:
+            stat = self.batches[batch_size] = BatchStat()
+        stat.compute_input.add(input_ns)
+        stat.compute_infer.add(infer_ns)
+        stat.compute_output.add(output_ns)
+
+
+@dataclass(slots=True)
+class ModelStats(ExecStats):
+    """Per (model, version): Triton's statistics extension."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    last_inference_ms: int = 0
+    pending: int = 0
+
+    def record_request(self, ok: bool, ns: int) -> None:
+        (self.success if ok else self.fail).add(ns)
+        self.last_inference_ms = wall_ms()
+
+
+@dataclass(slots=True)
+class NodeStats(ExecStats):
+    """Per node of a graph."""
+
+    calls: int = 0
+    errors: int = 0
+    skipped: int = 0
+    in_flight: int = 0
+    queue: Duration = field(default_factory=Duration)
+    total: Duration = field(default_factory=Duration)
+    last_error: str = ""

@@ -1,0 +1,96 @@
+"""Scan model repositories and graph folders into specs, collecting every problem at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
+from flowserve.spec.graph_yaml import load_graph_file
+from flowserve.spec.schema import GraphSpec, ModelSpec
+from flowserve.spec.triton import model_spec, read_config
+
+
+@dataclass
+class Scan:
+    """What a scan found: valid specs by name, and every problem with where it is."""
+
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    graphs: dict[str, GraphSpec] = field(default_factory=dict)
+    issues: list[SpecIssue] = field(default_factory=list)
+    # name -> reason, for entries that exist but could not be read (reported by the index).
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: Scan) -> None:
+        for name, spec in other.models.items():
+            self._add(name, spec.source, self.models, spec)
+        for name, gspec in other.graphs.items():
+            self._add(name, gspec.source, self.graphs, gspec)
+        self.issues.extend(other.issues)
+        self.failed.update(other.failed)
+
+    def _add(self, name: str, source: str, table: dict[str, object], spec: object) -> None:
+        if name in self.models or name in self.graphs:
+            self.issues.append(SpecIssue(source, f"name '{name}' is already used by another model or graph"))
+            self.failed[name] = "duplicate name"
+            return
+        table[name] = spec
+
+
+def scan_model(model_dir: Path) -> Scan:
+    """Read one model directory of a repository."""
+    scan = Scan()
+    name = model_dir.name
+    source = str(model_dir)
+    try:
+        config, config_file = read_config(model_dir)
+        source = config_file or source
+        issues: list[SpecIssue] = []
+        spec = model_spec(model_dir, config, source, issues)
+    except FlowserveError as exc:
+        issues, spec = [SpecIssue(source, exc.message)], None
+    except OSError as exc:
+        issues, spec = [SpecIssue(source, f"cannot read: {exc}")], None
+    scan.issues.extend(issues)
+    if spec is None or issues:
+        scan.failed[name] = "; ".join(str(i) for i in issues) or "invalid"
+    else:
+        scan.models[name] = spec
+    return scan
+
+
+def scan_repository(root: str | Path) -> Scan:
+    """Every model directory of a Triton-layout repository."""
+    root = Path(root)
+    scan = Scan()
+    if not root.is_dir():
+        scan.issues.append(SpecIssue(str(root), "model repository is not a directory"))
+        return scan
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        scan.merge(scan_model(model_dir))
+    return scan
+
+
+def graph_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+
+
+def scan_graphs(root: str | Path) -> Scan:
+    """Every ``*.yaml`` graph in a folder (or one file)."""
+    root = Path(root)
+    scan = Scan()
+    if not root.exists():
+        scan.issues.append(SpecIssue(str(root), "graph folder does not exist"))
+        return scan
+    for path in graph_files(root):
+        part = Scan()
+        try:
+            spec = load_graph_file(path)
+            part.graphs[spec.name] = spec
+        except SpecError as exc:
+            part.issues.extend(exc.issues)
+            part.failed[path.stem] = str(exc)
+        scan.merge(part)
+    return scan

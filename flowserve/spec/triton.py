@@ -1,0 +1,353 @@
+"""Triton's model configuration (config.pbtxt / config.yaml) -> :class:`ModelSpec`.
+
+The file is parsed with protobuf's text format into ``ModelConfig`` (the message Triton itself
+uses, shipped by ``tritonclient.grpc.model_config_pb2``), then translated. An ensemble
+(``platform: "ensemble"``) becomes a :class:`GraphSpec` whose nodes are ``model`` steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from tritonclient.grpc import model_config_pb2 as mc
+
+from flowserve.core.errors import InvalidArgument, SpecIssue
+from flowserve.spec.schema import (
+    BatchingSpec,
+    GraphOutput,
+    GraphSpec,
+    InstanceSpec,
+    ModelSpec,
+    NodeSpec,
+    QueuePolicy,
+    Ref,
+    TensorSpec,
+)
+
+ModelConfig = mc.ModelConfig
+
+# platform -> backend, as Triton resolves them.
+PLATFORM_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "pytorch_torch2": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+    "ensemble": "ensemble",
+}
+BACKEND_PLATFORMS = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+# backend -> default model file name inside a version directory.
+DEFAULT_FILENAMES = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "python": "model.py",
+    "dali": "model.dali",
+    "fil": "xgboost.model",
+    "openvino": "model.xml",
+    "tensorflow": "model.savedmodel",
+}
+CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
+
+
+def read_config(model_dir: Path) -> tuple[Any, str | None]:
+    """The model's ModelConfig and the file it came from (None: no file, an empty config)."""
+    for name in CONFIG_FILES:
+        path = model_dir / name
+        if path.is_file():
+            return parse_config_text(path.read_text(), name), str(path)
+    return ModelConfig(), None
+
+
+def parse_config_text(text: str, filename: str = "config.pbtxt") -> Any:
+    """Parse config text: protobuf text format, or YAML/JSON with ModelConfig's field names."""
+    config = ModelConfig()
+    try:
+        if filename.endswith(".pbtxt"):
+            text_format.Parse(text, config)
+        else:
+            doc = yaml.safe_load(text) or {}
+            json_format.ParseDict(doc, config)
+    except (text_format.ParseError, json_format.ParseError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"cannot parse {filename}: {exc}") from None
+    return config
+
+
+def parse_config_json(text: str) -> Any:
+    """A ModelConfig from JSON (the repository load API's ``config`` parameter)."""
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"cannot parse model config JSON: {exc}") from None
+    return config
+
+
+def resolve_backend(config: Any, version_dirs: list[Path]) -> str:
+    """Backend name from ``backend``, else ``platform``, else the files of a version directory."""
+    if config.backend:
+        return str(config.backend)
+    if config.platform:
+        return PLATFORM_BACKENDS.get(config.platform, config.platform)
+    for vdir in version_dirs:
+        for backend, filename in DEFAULT_FILENAMES.items():
+            if (vdir / filename).exists():
+                return backend
+    return ""
+
+
+def select_versions(model_dir: Path, config: Any) -> tuple[dict[int, str], list[int]]:
+    """Version directories that the version policy serves, and all numeric versions found.
+
+    Like Triton, names that are not numeric or start with "0" are ignored.
+    """
+    found = sorted(
+        int(p.name)
+        for p in model_dir.iterdir()
+        if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")
+    )
+    policy = config.version_policy.WhichOneof("policy_choice")
+    if policy == "all":
+        chosen = found
+    elif policy == "specific":
+        wanted = set(config.version_policy.specific.versions)
+        chosen = [v for v in found if v in wanted]
+    else:
+        n = config.version_policy.latest.num_versions if policy == "latest" else 1
+        chosen = found[-max(n, 1):] if found else []
+    return {v: str(model_dir / str(v)) for v in chosen}, found
+
+
+def tensor_from_config(t: Any, is_input: bool) -> TensorSpec:
+    from flowserve.core.datatypes import from_config
+
+    return TensorSpec(
+        name=t.name,
+        datatype=from_config(mc.DataType.Name(t.data_type)),
+        dims=tuple(t.dims),
+        optional=bool(t.optional) if is_input else False,
+        reshape=tuple(t.reshape.shape) if t.HasField("reshape") else None,
+        allow_ragged_batch=bool(t.allow_ragged_batch) if is_input else False,
+        is_shape_tensor=bool(t.is_shape_tensor),
+        label_filename="" if is_input else t.label_filename,
+    )
+
+
+def _queue_policy(p: Any) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action="DELAY" if p.timeout_action == mc.ModelQueuePolicy.DELAY else "REJECT",
+        default_timeout_us=int(p.default_timeout_microseconds),
+        allow_timeout_override=bool(p.allow_timeout_override),
+        max_queue_size=int(p.max_queue_size),
+    )
+
+
+def batching_from_config(config: Any) -> BatchingSpec | None:
+    if not config.HasField("dynamic_batching") or config.max_batch_size <= 0:
+        return None
+    db = config.dynamic_batching
+    return BatchingSpec(
+        max_batch_size=int(config.max_batch_size),
+        preferred_batch_size=tuple(db.preferred_batch_size),
+        max_queue_delay_us=int(db.max_queue_delay_microseconds),
+        preserve_ordering=bool(db.preserve_ordering),
+        priority_levels=int(db.priority_levels),
+        default_priority_level=int(db.default_priority_level),
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policy={
+            int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()
+        },
+    )
+
+
+def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue]) -> ModelSpec | None:
+    """Translate one repository model; problems are appended to ``issues``."""
+    name = model_dir.name
+    if config.name and config.name != name:
+        issues.append(
+            SpecIssue(source, f"name '{config.name}' differs from directory '{name}'", field="name")
+        )
+        return None
+    config.name = name
+    versions, found = select_versions(model_dir, config)
+    backend = resolve_backend(config, [Path(p) for p in versions.values()])
+    if not backend:
+        issues.append(SpecIssue(
+            source, "no backend or platform set and no known model file in any version directory",
+            field="backend",
+        ))
+        return None
+    if not found:
+        issues.append(SpecIssue(source, "no version directory (for example 1/)", field="version"))
+        return None
+    if not versions:
+        issues.append(SpecIssue(source, f"version_policy selects none of {found}", field="version_policy"))
+        return None
+    if config.max_batch_size < 0:
+        issues.append(SpecIssue(source, "must be >= 0", field="max_batch_size"))
+        return None
+    if not config.platform and backend in BACKEND_PLATFORMS:
+        config.platform = BACKEND_PLATFORMS[backend]
+    try:
+        inputs = tuple(tensor_from_config(t, True) for t in config.input)
+        outputs = tuple(tensor_from_config(t, False) for t in config.output)
+    except InvalidArgument as exc:
+        issues.append(SpecIssue(source, exc.message, field="input/output data_type"))
+        return None
+    graph = None
+    if backend == "ensemble":
+        graph = ensemble_graph(config, source, inputs, outputs, issues)
+        if graph is None:
+            return None
+    instances = tuple(
+        InstanceSpec(
+            count=max(int(g.count), 1),
+            kind=mc.ModelInstanceGroup.Kind.Name(g.kind),  # type: ignore[arg-type]
+            gpus=tuple(g.gpus),
+        )
+        for g in config.instance_group
+    )
+    return ModelSpec(
+        name=name,
+        source=source,
+        backend=backend,
+        platform=config.platform,
+        max_batch_size=int(config.max_batch_size),
+        inputs=inputs,
+        outputs=outputs,
+        versions=versions,
+        default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(backend, ""),
+        batching=batching_from_config(config),
+        instances=instances,
+        parameters={k: v.string_value for k, v in config.parameters.items()},
+        decoupled=bool(config.model_transaction_policy.decoupled),
+        graph=graph,
+        config=config,
+    )
+
+
+def ensemble_graph(
+    config: Any,
+    source: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    issues: list[SpecIssue],
+) -> GraphSpec | None:
+    """An ensemble's steps as a graph: each step a ``model`` node, edges by ensemble tensor."""
+    steps = list(config.ensemble_scheduling.step)
+    if not steps:
+        issues.append(SpecIssue(source, "an ensemble needs at least one step", field="ensemble_scheduling"))
+        return None
+    graph_inputs = {t.name for t in inputs}
+    producers: dict[str, Ref] = {}
+    names: list[str] = []
+    for i, step in enumerate(steps):
+        node = step.model_name if step.model_name not in names else f"{step.model_name}_{i}"
+        names.append(node)
+        for model_output, tensor in step.output_map.items():
+            if tensor in producers or tensor in graph_inputs:
+                issues.append(SpecIssue(
+                    source, f"ensemble tensor '{tensor}' is produced more than once",
+                    node=node, field="output_map",
+                ))
+            producers[tensor] = Ref(node, model_output)
+    nodes: dict[str, NodeSpec] = {}
+    for node, step in zip(names, steps, strict=True):
+        bindings = {}
+        for model_input, tensor in step.input_map.items():
+            ref = Ref(None, tensor) if tensor in graph_inputs else producers.get(tensor)
+            if ref is None:
+                issues.append(SpecIssue(
+                    source, f"ensemble tensor '{tensor}' is not an ensemble input nor any step's output",
+                    node=node, field=f"input_map.{model_input}",
+                ))
+                continue
+            bindings[model_input] = (ref,)
+        version = "" if step.model_version < 0 else str(step.model_version)
+        nodes[node] = NodeSpec(
+            name=node, kind="model", target=step.model_name, version=version, inputs=bindings,
+            outputs=dict.fromkeys(step.output_map.keys()),
+        )
+    graph_outputs = {}
+    for t in outputs:
+        ref = producers.get(t.name)
+        if ref is None:
+            issues.append(SpecIssue(source, f"ensemble output '{t.name}' is not produced by any step", field="output"))
+            continue
+        graph_outputs[t.name] = GraphOutput(t.name, (ref,), t.datatype, t.dims)
+    return GraphSpec(
+        name=config.name,
+        source=source,
+        inputs={t.name: t for t in inputs},
+        outputs=graph_outputs,
+        nodes=nodes,
+        max_batch_size=int(config.max_batch_size),
+        platform="ensemble",
+    )
+
+
+def config_to_json(config: Message) -> dict[str, Any]:
+    """ModelConfig as Triton's HTTP endpoint prints it.
+
+    Unlike protobuf's ``json_format``, Triton prints 64-bit integers as JSON numbers and
+    includes default-valued scalar, repeated and map fields; perf_analyzer relies on that.
+    """
+    out: dict[str, Any] = {}
+    for field in config.DESCRIPTOR.fields:
+        value = getattr(config, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {str(k): _json_value(value_field, v) for k, v in value.items()}
+        elif field.label == FieldDescriptor.LABEL_REPEATED:
+            out[field.name] = [_json_value(field, v) for v in value]
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if config.HasField(field.name):
+                out[field.name] = config_to_json(value)
+        else:
+            out[field.name] = _json_value(field, value)
+    return out
+
+
+def _json_value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return config_to_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return field.enum_type.values_by_number[value].name
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return json.dumps(value.decode("latin-1"))
+    return value
+
+
+def config_from_graph(graph: GraphSpec, outputs: list[TensorSpec]) -> Any:
+    """A ModelConfig describing a YAML graph as Triton would an ensemble (for clients)."""
+    from flowserve.core.datatypes import to_config
+
+    config = ModelConfig(name=graph.name, platform="ensemble", max_batch_size=graph.max_batch_size)
+    for t in graph.inputs.values():
+        config.input.add(
+            name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims),
+            optional=t.optional,
+        )
+    for t in outputs:
+        config.output.add(
+            name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims)
+        )
+    step_nodes = [n for n in graph.nodes.values() if n.kind in ("model", "graph")]
+    for node in step_nodes:
+        step = config.ensemble_scheduling.step.add(model_name=node.target, model_version=-1)
+        for k, binding in node.inputs.items():
+            step.input_map[k] = binding[0].key
+        for k in node.outputs:
+            step.output_map[k] = f"{node.name}.{k}"
+    return config

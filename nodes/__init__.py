@@ -1,0 +1,1 @@
+"""User Python nodes that graphs reference as "nodes.<module>:<Class>"."""
