@@ -74,6 +74,7 @@ def cmd_graph_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from flowserve.dataplane.plane import Limits
     from flowserve.server import ServerOptions, serve
 
     repos, graphs = _sources(args)
@@ -84,6 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
+        allow_shm=args.allow_shm,
+        limits=Limits(max_request_bytes=args.max_request_bytes),
     )
     return asyncio.run(serve(options))
 
@@ -97,9 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", action="append", metavar="DIR")
     serve.add_argument("--graphs", action="append", metavar="DIR")
     serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--http-port", type=int, default=8000, help="negative: no HTTP listener")
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"
+    )
     serve.set_defaults(func=cmd_serve)
 
     validate = sub.add_parser("validate", help="check repositories and graphs, list every error")
@@ -117,8 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    result: int = args.func(args)
+    return result
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ It is the one entry point of both front ends and of in-process use::
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,10 +22,11 @@ from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import (
     FlowserveError,
     InvalidArgument,
+    NotFound,
     SpecIssue,
     Unsupported,
 )
-from flowserve.core.node import Context, Node, TensorMap
+from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane.classification import classify, read_labels
 from flowserve.graph.plan import Plan
@@ -31,7 +35,7 @@ from flowserve.runtime.executor import Executor
 from flowserve.runtime.registry import Registry, State
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import ModelStats
-from flowserve.spec.repository import Scan, scan_graphs, scan_repository
+from flowserve.spec.repository import Scan, override_scan, scan_graphs, scan_model, scan_repository
 from flowserve.spec.schema import GraphSpec, ModelSpec
 from flowserve.spec.triton import config_from_graph
 
@@ -82,6 +86,7 @@ class Engine:
         self.graphs: dict[str, GraphSpec] = {}
         self.plans: dict[str, Plan] = {}
         self.live = True
+        self._overrides: Path | None = None
 
     @classmethod
     async def start(
@@ -112,10 +117,11 @@ class Engine:
         for name in compiled.order:
             await self._load(name, compiled.plans[name])
 
-    async def _load(self, name: str, plan: Plan) -> None:
+    async def _load(self, name: str, plan: Plan) -> list[Servable]:
+        """Start every version of ``name`` and put them in the registry in one swap; versions
+        that fail are marked UNAVAILABLE with the reason. Returns what was replaced."""
         model = self.models.get(name)
         graph = self.graphs.get(name) if model is None else None
-        self.plans[name] = plan
         if model is not None:
             versions = list(model.versions)
             config = model.config
@@ -125,8 +131,9 @@ class Engine:
             versions = [1]
             config = config_from_graph(graph, [o.tensor for o in plan.outputs])
             kind = "graph"
+        loaded: list[Servable] = []
+        failed: dict[str, str] = {}
         for version in versions:
-            self.registry.mark(name, str(version), State.LOADING)
             stats = ModelStats()
             started: list[Node] = []
             try:
@@ -140,24 +147,117 @@ class Engine:
             except Exception as exc:
                 for node in started:
                     await node.stop()
-                reason = _text(exc)
-                log.error("failed to load '%s' version %s: %s", name, version, reason)
-                self.registry.mark(name, str(version), State.UNAVAILABLE, reason)
+                failed[str(version)] = _text(exc)
+                log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
                 continue
-            self.registry.add(Servable(
-                name=name, version=version, kind=kind, plan=plan,
-                executor=Executor(plan, nodes, self.clock),
-                spec=model if model is not None else graph,  # type: ignore[arg-type]
-                config=config, clock=self.clock, stats=stats,
-                decoupled=bool(model.decoupled) if model is not None else False,
-            ))
+            loaded.append(
+                Servable(
+                    name=name,
+                    version=version,
+                    kind=kind,
+                    plan=plan,
+                    executor=Executor(plan, nodes, self.clock),
+                    spec=model if model is not None else graph,  # type: ignore[arg-type]
+                    config=config,
+                    clock=self.clock,
+                    stats=stats,
+                    decoupled=bool(model.decoupled) if model is not None else False,
+                )
+            )
             log.info("loaded %s '%s' version %s", kind, name, version)
+        self.plans[name] = plan
+        old = self.registry.replace(name, loaded)
+        for failed_version, reason in failed.items():
+            self.registry.mark(name, failed_version, State.UNAVAILABLE, reason)
+        return old
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """(Re)load one model or graph from the repositories, optionally with a config
+        override and override files (``{"1/model.py": b"..."}``); others keep serving."""
+        scan = self._scan_one(name, config_json, files)
+        known = {n: p for n, p in self.plans.items() if n != name and self.registry.has(n)}
+        compiled = compile_all(scan, known)
+        if name not in compiled.plans:
+            reason = "; ".join(str(i) for i in compiled.issues) or compiled.failed.get(name, "invalid")
+            self.registry.mark(name, "", State.UNAVAILABLE, reason)
+            raise InvalidArgument(f"failed to load '{name}': {reason}")
+        self.models.pop(name, None)
+        self.graphs.pop(name, None)
+        self.models.update(scan.models)
+        self.graphs.update(scan.graphs)
+        old = await self._load(name, compiled.plans[name])
+        await self._retire(old)
+        if not self.registry.has(name):
+            reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
+            raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")
+
+    def _scan_one(self, name: str, config_json: str | None, files: dict[str, bytes] | None) -> Scan:
+        if files and config_json is None:
+            raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
+        model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
+        if config_json is not None:
+            return override_scan(name, model_dir, config_json, files or {}, self._override_root())
+        if model_dir is not None:
+            return scan_model(model_dir)
+        for gdir in self.graph_dirs:
+            scan = scan_graphs(gdir)
+            if name in scan.graphs or name in scan.failed:
+                only = Scan(issues=scan.issues if name in scan.failed else [])
+                if name in scan.graphs:
+                    only.graphs[name] = scan.graphs[name]
+                else:
+                    only.failed[name] = scan.failed[name]
+                return only
+        raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
+
+    def _override_root(self) -> Path:
+        if self._overrides is None:
+            self._overrides = Path(tempfile.mkdtemp(prefix="flowserve-overrides-"))
+        return self._overrides
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> list[str]:
+        """Unload ``name`` (and, if asked, every graph that uses it); returns what was unloaded."""
+        if not self.registry.has(name) and not any(s.name == name for s in self.registry.index()):
+            raise NotFound(f"failed to unload '{name}': unknown model")
+        names = [name]
+        if unload_dependents:
+            names += self.dependents(name)
+        for n in names:
+            await self._retire(self.registry.remove(n))
+        return names
+
+    def dependents(self, name: str) -> list[str]:
+        """Loaded graphs that use ``name``, directly or through other graphs."""
+        found: list[str] = []
+        frontier = [name]
+        while frontier:
+            target = frontier.pop()
+            for other, plan in self.plans.items():
+                if other in found or other == name or not self.registry.has(other):
+                    continue
+                if any(n.spec.target == target for n in plan.nodes if n.spec.kind in ("model", "graph")):
+                    found.append(other)
+                    frontier.append(other)
+        return found
+
+    async def _retire(self, servables: list[Servable], grace_s: float = 30.0) -> None:
+        """Stop replaced servables once their in-flight requests are done (or after grace_s)."""
+        for servable in servables:
+            waited = 0.0
+            while servable.stats.pending and waited < grace_s:
+                await asyncio.sleep(0.01)
+                waited += 0.01
+            await servable.stop()
 
     async def stop(self) -> None:
         self.live = False
-        for servable in self.registry.servables():
-            await servable.stop()
-            self.registry.remove(servable.name)
+        for name in {s.name for s in self.registry.servables()}:
+            for servable in self.registry.remove(name):
+                await servable.stop()
+        if self._overrides is not None:
+            shutil.rmtree(self._overrides, ignore_errors=True)
 
     # ---------------------------------------------------------------- inference
 
@@ -174,8 +274,9 @@ class Engine:
         servable = self.registry.get(name, version)
         return await servable.infer(inputs, self._context(request_id, parameters or {}))
 
-    async def infer_request(self, request: InferRequest) -> InferResponse:
-        """Run a transport-neutral request: requested outputs and classification applied."""
+    async def infer_request(self, request: InferRequest, trace: list[Span] | None = None) -> InferResponse:
+        """Run a transport-neutral request: requested outputs and classification applied.
+        ``trace``, when given, receives a span for every node the request passes."""
         servable = self.registry.get(request.model, request.version)
         if servable.decoupled:
             raise Unsupported(
@@ -190,10 +291,15 @@ class Engine:
                     raise InvalidArgument(
                         f"unexpected inference output '{out.name}' for model '{servable.name}'"
                     )
-        outputs = await servable.infer(request.inputs, self._context(request.id, request.parameters))
+        ctx = self._context(request.id, request.parameters)
+        ctx.trace = trace
+        outputs = await servable.infer(request.inputs, ctx)
         if wanted:
-            outputs = {o.name: self._shape_output(servable, o.name, outputs[o.name], o.class_count)
-                       for o in wanted if o.name in outputs}
+            outputs = {
+                o.name: self._shape_output(servable, o.name, outputs[o.name], o.class_count)
+                for o in wanted
+                if o.name in outputs
+            }
         return InferResponse(
             model=servable.name, version=str(servable.version), outputs=outputs, id=request.id
         )

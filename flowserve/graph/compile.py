@@ -15,7 +15,7 @@ import networkx as nx
 
 from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
 from flowserve.graph.plan import Plan, PlanNode, PlanOutput, Signature
-from flowserve.spec.schema import GraphSpec, NodeSpec, Ref, TensorSpec
+from flowserve.spec.schema import GraphOutput, GraphSpec, NodeSpec, Ref, TensorSpec
 
 SignatureResolver = Callable[[NodeSpec], Signature]
 
@@ -70,9 +70,9 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
     dag.add_nodes_from(spec.nodes)
     used: set[str] = set()
     for node in spec.nodes.values():
-        sig = signatures.get(node.name)
-        if sig is None:
+        if node.name not in signatures:
             continue
+        sig = signatures[node.name]
         if sig.inputs is not None:
             for missing in sorted(set(sig.inputs) - set(node.inputs) - sig.optional):
                 issue(f"required input '{missing}' is not wired", node.name, f"inputs.{missing}")
@@ -80,8 +80,9 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
             field = f"inputs.{in_name}"
             if sig.inputs is not None and in_name not in sig.inputs:
                 issue(
-                    f"'{node.target or node.kind}' has no input '{in_name}' "
-                    f"(inputs: {_names(sig.inputs)})", node.name, field,
+                    f"'{node.target or node.kind}' has no input '{in_name}' (inputs: {_names(sig.inputs)})",
+                    node.name,
+                    field,
                 )
                 continue
             want = sig.inputs.get(in_name) if sig.inputs is not None else None
@@ -94,28 +95,20 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
                 _check_edge(known[ref.key], want, ref, issue, node.name, field)
 
     outputs: list[PlanOutput] = []
-    for out in spec.outputs.values():
-        field = f"outputs.{out.name}"
-        tensor: TensorSpec | None = None
-        for ref in out.source:
-            if check_ref(ref, None, field):
-                used.add(ref.key)
-                tensor = tensor or known[ref.key]
-        if out.datatype is not None:
-            dims = out.dims if out.dims is not None else (tensor.dims if tensor else None)
-            if dims is None:
-                issue("dims unknown: declare dims next to datatype", None, field)
-                continue
-            full = dims if out.dims is None else TensorSpec("", "", dims).full_shape(spec.max_batch_size)
-            tensor = TensorSpec(out.name, out.datatype, full)
+    for gout in spec.outputs.values():
+        field = f"outputs.{gout.name}"
+        producers = [known[r.key] for r in gout.source if check_ref(r, None, field)]
+        used.update(r.key for r in gout.source)
+        tensor = _output_type(gout, producers, spec.max_batch_size)
         if tensor is None:
-            if all(r.key in known for r in out.source):
+            if len(producers) == len(gout.source):
                 issue(
-                    "datatype unknown: declare it on the graph output or on the producing node",
-                    None, field,
+                    "datatype or dims unknown: declare them on the graph output or on the producing node",
+                    None,
+                    field,
                 )
             continue
-        outputs.append(PlanOutput(out.name, tuple(r.key for r in out.source), _named(tensor, out.name)))
+        outputs.append(PlanOutput(gout.name, tuple(r.key for r in gout.source), tensor))
 
     try:
         cycle = nx.find_cycle(dag)
@@ -133,6 +126,22 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
     if issues:
         raise SpecError(issues)
     return _build(spec, dag, signatures, inputs, outputs)
+
+
+def _output_type(
+    out: GraphOutput, producers: list[TensorSpec | None], max_batch_size: int
+) -> TensorSpec | None:
+    """A graph output's type: as declared (dims without the batch dim, like inputs), else the
+    first typed producer's."""
+    produced = next((t for t in producers if t is not None), None)
+    datatype = out.datatype or (produced.datatype if produced else None)
+    if out.dims is not None:
+        dims: tuple[int, ...] | None = TensorSpec("", "", out.dims).full_shape(max_batch_size)
+    else:
+        dims = produced.dims if produced else None
+    if datatype is None or dims is None:
+        return None
+    return TensorSpec(out.name, datatype, dims)
 
 
 def _type_switch_branches(
@@ -168,12 +177,15 @@ def _check_edge(
     if have.datatype != want.datatype:
         issue(
             f"datatype mismatch: '{ref.key}' is {have.datatype} but the input expects {want.datatype}",
-            node, field,
+            node,
+            field,
         )
     elif not shapes_compatible(have.dims, want.dims):
         issue(
             f"shape mismatch: '{ref.key}' has shape {list(have.dims)} "
-            f"but the input expects {list(want.dims)}", node, field,
+            f"but the input expects {list(want.dims)}",
+            node,
+            field,
         )
 
 
@@ -195,10 +207,17 @@ def _build(
         for _, keys in bindings:
             for key in keys:
                 consumers.setdefault(key, []).append(index[name])
-        nodes.append(PlanNode(
-            index=index[name], name=name, spec=node, bindings=bindings,
-            outputs=tuple(sig.outputs), optional=sig.optional, signature=sig,
-        ))
+        nodes.append(
+            PlanNode(
+                index=index[name],
+                name=name,
+                spec=node,
+                bindings=bindings,
+                outputs=tuple(sig.outputs),
+                optional=sig.optional,
+                signature=sig,
+            )
+        )
     output_keys: dict[str, list[str]] = {}
     for out in outputs:
         for key in out.keys:
@@ -211,10 +230,6 @@ def _build(
         consumers={k: tuple(dict.fromkeys(v)) for k, v in consumers.items()},
         output_keys={k: tuple(v) for k, v in output_keys.items()},
     )
-
-
-def _named(t: TensorSpec, name: str) -> TensorSpec:
-    return t if t.name == name else TensorSpec(name, t.datatype, t.dims, t.optional)
 
 
 def _names(items: object) -> str:

@@ -60,7 +60,9 @@ def compile_all(scan: Scan, known: dict[str, Plan] | None = None) -> Compiled:
         path = " -> ".join([*cycle, cycle[0]])
         for name in cycle:
             if name in specs:
-                result.issues.append(SpecIssue(specs[name].source, f"graphs use each other in a cycle: {path}"))
+                result.issues.append(
+                    SpecIssue(specs[name].source, f"graphs use each other in a cycle: {path}")
+                )
                 result.failed[name] = f"dependency cycle: {path}"
     catalog = dict(known or {})
     order = [n for n in _topo(deps) if n in specs and n not in result.failed]

@@ -9,6 +9,7 @@ A call waits for a free instance, so an instance runs one batch at a time, as in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -57,7 +58,9 @@ class InstancePool(Generic[T]):
     def instances(self) -> list[T]:
         return [i for i, _ in self._all]
 
-    async def run(self, fn: Callable[[T, R], object], arg: R, on_acquired: Callable[[], None] | None = None) -> object:
+    async def run(
+        self, fn: Callable[[T, R], object], arg: R, on_acquired: Callable[[], None] | None = None
+    ) -> object:
         """Run ``fn(instance, arg)`` on a free instance's thread."""
         sem = self._sem
         if sem is None:
@@ -86,10 +89,9 @@ class InstancePool(Generic[T]):
     async def close(self, finalize: Callable[[T], None] | None = None) -> None:
         for instance, worker in self._all:
             if finalize is not None:
-                try:
+                # a failing finalize must not stop the others from closing
+                with contextlib.suppress(Exception):
                     await worker.call(finalize, instance)
-                except Exception:  # finalize must not stop the others from closing
-                    pass
             worker.shutdown()
         self._all.clear()
         self._free.clear()

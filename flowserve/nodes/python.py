@@ -74,10 +74,17 @@ def python_signature(spec: NodeSpec) -> Signature:
     for name, tensor in spec.outputs.items():
         outputs[name] = tensor if tensor is not None else outputs.get(name)
     if not outputs:
-        raise SpecError([SpecIssue(
-            "", f"'{spec.target}' declares no outputs: set an 'outputs' class attribute or "
-            "list them under the node's 'outputs'", spec.name, "outputs",
-        )])
+        raise SpecError(
+            [
+                SpecIssue(
+                    "",
+                    f"'{spec.target}' declares no outputs: set an 'outputs' class attribute or "
+                    "list them under the node's 'outputs'",
+                    spec.name,
+                    "outputs",
+                )
+            ]
+        )
     optional = frozenset(getattr(cls, "optional_inputs", ()))
     return Signature(inputs=inputs, outputs=outputs, optional=optional)
 
@@ -101,12 +108,14 @@ class PythonNode(Node):
         obj = self.cls()
         init = getattr(obj, "initialize", None)
         if init is not None:
-            init({
-                "name": self.spec.name,
-                "graph": self.graph,
-                "parameters": dict(self.spec.parameters),
-                "instance": index,
-            })
+            init(
+                {
+                    "name": self.spec.name,
+                    "graph": self.graph,
+                    "parameters": dict(self.spec.parameters),
+                    "instance": index,
+                }
+            )
         return obj
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:

@@ -15,8 +15,12 @@ from flowserve.graph.plan import Signature
 from flowserve.spec.schema import NodeSpec, SwitchSpec, TensorSpec
 
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
-    "eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
-    "ge": operator.ge, "lt": operator.lt, "le": operator.le,
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "lt": operator.lt,
+    "le": operator.le,
 }
 
 

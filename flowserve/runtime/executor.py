@@ -143,12 +143,12 @@ class Executor:
                 raise FlowserveError(
                     f"output '{check.name}' is a {type(array).__name__}, expected a numpy array"
                 )
-            if check.dtype is not None and array.dtype != check.dtype and not (
-                check.dtype.kind == "O" and array.dtype.kind in "OSU"
+            if (
+                check.dtype is not None
+                and array.dtype != check.dtype
+                and not (check.dtype.kind == "O" and array.dtype.kind in "OSU")
             ):
-                raise FlowserveError(
-                    f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}"
-                )
+                raise FlowserveError(f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}")
             if check.rank >= 0 and array.ndim != check.rank:
                 raise FlowserveError(
                     f"output '{check.name}' has shape {list(array.shape)}, declared rank {check.rank}"

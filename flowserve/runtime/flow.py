@@ -15,6 +15,8 @@ A node whose required binding is absent is skipped, and its outputs become absen
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from flowserve.graph.plan import Plan
 
 
@@ -36,7 +38,7 @@ class Flow:
     def done(self) -> bool:
         return len(self._decided_outputs) == len(self._plan.outputs)
 
-    def start(self, present: set[str] | list[str]) -> list[int]:
+    def start(self, present: Container[str]) -> list[int]:
         """Graph inputs given (as ``$name`` keys); every other graph input is absent."""
         ready: list[int] = [n.index for n in self._plan.nodes if not n.bindings]
         keys = [f"${name}" for name in self._plan.inputs]
@@ -44,7 +46,7 @@ class Flow:
             self._decide(key, key in present, ready)
         return self._settle(ready)
 
-    def finish(self, index: int, produced: set[str] | list[str] | dict[str, object]) -> list[int]:
+    def finish(self, index: int, produced: Container[str]) -> list[int]:
         """Node ``index`` finished; ``produced`` holds the names of its outputs that exist."""
         node = self._plan.nodes[index]
         ready: list[int] = []

@@ -35,6 +35,15 @@ class Registry:
         self._status[key] = Status(servable.name, str(servable.version), State.READY)
         self._status.pop((servable.name, ""), None)
 
+    def replace(self, name: str, servables: list[Servable]) -> list[Servable]:
+        """Swap every version of ``name`` for ``servables`` at once; returns the old ones."""
+        old = list(self._servables.pop(name, {}).values())
+        for key in [k for k in self._status if k[0] == name]:
+            del self._status[key]
+        for servable in servables:
+            self.add(servable)
+        return old
+
     def remove(self, name: str) -> list[Servable]:
         """Drop every version of ``name``; returns them (for the caller to stop)."""
         gone = list(self._servables.pop(name, {}).values())

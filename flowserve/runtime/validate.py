@@ -36,8 +36,7 @@ def validate_inputs(plan: Plan, inputs: TensorMap) -> int:
         have = from_numpy(array.dtype) if isinstance(array, np.ndarray) else type(array).__name__
         if have != spec.datatype:
             raise InvalidArgument(
-                f"inference input '{key}' data-type is '{have}', but model '{name}' expects "
-                f"'{spec.datatype}'"
+                f"inference input '{key}' data-type is '{have}', but model '{name}' expects '{spec.datatype}'"
             )
         shape = array.shape
         dims = spec.dims

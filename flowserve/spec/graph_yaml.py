@@ -49,7 +49,13 @@ from flowserve.spec.schema import (
 
 _GRAPH_KEYS = {"name", "description", "max_batch_size", "inputs", "outputs", "nodes"}
 _NODE_KEYS = {
-    *NODE_KINDS, "version", "inputs", "outputs", "batching", "instances", "parameters",
+    *NODE_KINDS,
+    "version",
+    "inputs",
+    "outputs",
+    "batching",
+    "instances",
+    "parameters",
 }
 _SWITCH_OPS = {"eq", "ne", "gt", "ge", "lt", "le"}
 
@@ -132,9 +138,7 @@ def _parse_binding(raw: Any, issues: _Issues, node: str | None, field: str) -> B
     for item in items:
         ref = parse_ref(item)
         if ref is None:
-            issues.add(
-                f"{item!r} is not a tensor reference ('$input' or 'node.tensor')", node, field
-            )
+            issues.add(f"{item!r} is not a tensor reference ('$input' or 'node.tensor')", node, field)
             return None
         refs.append(ref)
     if not refs:
@@ -143,9 +147,7 @@ def _parse_binding(raw: Any, issues: _Issues, node: str | None, field: str) -> B
     return tuple(refs)
 
 
-def _parse_tensor(
-    name: str, raw: Any, issues: _Issues, node: str | None, field: str
-) -> TensorSpec | None:
+def _parse_tensor(name: str, raw: Any, issues: _Issues, node: str | None, field: str) -> TensorSpec | None:
     if not isinstance(raw, dict):
         issues.add("must be a mapping with datatype and dims", node, field)
         return None
@@ -283,8 +285,11 @@ def _parse_switch(raw: Any, issues: _Issues, node: str) -> SwitchSpec | None:
         return None
     unknown = set(raw) - {"input", "payload", "cases", "default"}
     if unknown:
-        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected input, payload, cases, default)",
-                   node, "switch")
+        issues.add(
+            f"unknown keys {sorted(map(str, unknown))} (expected input, payload, cases, default)",
+            node,
+            "switch",
+        )
     on = parse_ref(raw.get("input"))
     if on is None:
         issues.add(f"{raw.get('input')!r} is not a tensor reference", node, "switch.input")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
 from flowserve.spec.graph_yaml import load_graph_file
@@ -29,7 +30,7 @@ class Scan:
         self.issues.extend(other.issues)
         self.failed.update(other.failed)
 
-    def _add(self, name: str, source: str, table: dict[str, object], spec: object) -> None:
+    def _add(self, name: str, source: str, table: dict[str, Any], spec: object) -> None:
         if name in self.models or name in self.graphs:
             self.issues.append(SpecIssue(source, f"name '{name}' is already used by another model or graph"))
             self.failed[name] = "duplicate name"
@@ -93,4 +94,43 @@ def scan_graphs(root: str | Path) -> Scan:
             part.issues.extend(exc.issues)
             part.failed[path.stem] = str(exc)
         scan.merge(part)
+    return scan
+
+
+def override_scan(
+    name: str, model_dir: Path | None, config_json: str, files: dict[str, bytes], root: Path
+) -> Scan:
+    """A model loaded with a config override (and maybe files), as Triton's load API does.
+
+    With files, the model lives in a fresh directory under ``root`` holding only them; without,
+    the repository directory is used with the overriding config. File paths must stay inside
+    the model directory: no absolute paths, no '..'.
+    """
+    from flowserve.core.errors import InvalidArgument
+    from flowserve.spec.triton import model_spec, parse_config_json
+
+    config = parse_config_json(config_json)
+    if files:
+        target = root / f"{name}-{len(list(root.iterdir()))}" / name
+        target.mkdir(parents=True)
+        for rel, data in files.items():
+            parts = Path(rel).parts
+            if Path(rel).is_absolute() or not parts or ".." in parts:
+                raise InvalidArgument(
+                    f"load of '{name}': file path '{rel}' must stay inside the model directory"
+                )
+            path = target.joinpath(*parts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        model_dir = target
+    if model_dir is None:
+        raise InvalidArgument(f"load of '{name}': no model directory; send files with the config")
+    scan = Scan()
+    issues: list[SpecIssue] = []
+    spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues)
+    scan.issues.extend(issues)
+    if spec is None or issues:
+        scan.failed[name] = "; ".join(str(i) for i in issues) or "invalid"
+    else:
+        scan.models[name] = spec
     return scan

@@ -185,8 +185,7 @@ def model_graph(model: ModelSpec) -> GraphSpec:
         source=model.source,
         inputs={t.name: t for t in model.inputs},
         outputs={
-            t.name: GraphOutput(t.name, (Ref(model.name, t.name),), t.datatype, t.dims)
-            for t in model.outputs
+            t.name: GraphOutput(t.name, (Ref(model.name, t.name),), t.datatype, t.dims) for t in model.outputs
         },
         nodes={model.name: node},
         max_batch_size=model.max_batch_size,

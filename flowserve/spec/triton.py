@@ -99,7 +99,7 @@ def resolve_backend(config: Any, version_dirs: list[Path]) -> str:
     if config.backend:
         return str(config.backend)
     if config.platform:
-        return PLATFORM_BACKENDS.get(config.platform, config.platform)
+        return PLATFORM_BACKENDS.get(config.platform, str(config.platform))
     for vdir in version_dirs:
         for backend, filename in DEFAULT_FILENAMES.items():
             if (vdir / filename).exists():
@@ -125,7 +125,7 @@ def select_versions(model_dir: Path, config: Any) -> tuple[dict[int, str], list[
         chosen = [v for v in found if v in wanted]
     else:
         n = config.version_policy.latest.num_versions if policy == "latest" else 1
-        chosen = found[-max(n, 1):] if found else []
+        chosen = found[-max(n, 1) :] if found else []
     return {v: str(model_dir / str(v)) for v in chosen}, found
 
 
@@ -165,9 +165,7 @@ def batching_from_config(config: Any) -> BatchingSpec | None:
         priority_levels=int(db.priority_levels),
         default_priority_level=int(db.default_priority_level),
         default_queue_policy=_queue_policy(db.default_queue_policy),
-        priority_queue_policy={
-            int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()
-        },
+        priority_queue_policy={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
     )
 
 
@@ -183,10 +181,13 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
     versions, found = select_versions(model_dir, config)
     backend = resolve_backend(config, [Path(p) for p in versions.values()])
     if not backend:
-        issues.append(SpecIssue(
-            source, "no backend or platform set and no known model file in any version directory",
-            field="backend",
-        ))
+        issues.append(
+            SpecIssue(
+                source,
+                "no backend or platform set and no known model file in any version directory",
+                field="backend",
+            )
+        )
         return None
     if not found:
         issues.append(SpecIssue(source, "no version directory (for example 1/)", field="version"))
@@ -213,7 +214,7 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
     instances = tuple(
         InstanceSpec(
             count=max(int(g.count), 1),
-            kind=mc.ModelInstanceGroup.Kind.Name(g.kind),  # type: ignore[arg-type]
+            kind=mc.ModelInstanceGroup.Kind.Name(g.kind),
             gpus=tuple(g.gpus),
         )
         for g in config.instance_group
@@ -257,33 +258,47 @@ def ensemble_graph(
         names.append(node)
         for model_output, tensor in step.output_map.items():
             if tensor in producers or tensor in graph_inputs:
-                issues.append(SpecIssue(
-                    source, f"ensemble tensor '{tensor}' is produced more than once",
-                    node=node, field="output_map",
-                ))
+                issues.append(
+                    SpecIssue(
+                        source,
+                        f"ensemble tensor '{tensor}' is produced more than once",
+                        node=node,
+                        field="output_map",
+                    )
+                )
             producers[tensor] = Ref(node, model_output)
     nodes: dict[str, NodeSpec] = {}
     for node, step in zip(names, steps, strict=True):
-        bindings = {}
+        bindings: dict[str, tuple[Ref, ...]] = {}
         for model_input, tensor in step.input_map.items():
             ref = Ref(None, tensor) if tensor in graph_inputs else producers.get(tensor)
             if ref is None:
-                issues.append(SpecIssue(
-                    source, f"ensemble tensor '{tensor}' is not an ensemble input nor any step's output",
-                    node=node, field=f"input_map.{model_input}",
-                ))
+                issues.append(
+                    SpecIssue(
+                        source,
+                        f"ensemble tensor '{tensor}' is not an ensemble input nor any step's output",
+                        node=node,
+                        field=f"input_map.{model_input}",
+                    )
+                )
                 continue
             bindings[model_input] = (ref,)
         version = "" if step.model_version < 0 else str(step.model_version)
         nodes[node] = NodeSpec(
-            name=node, kind="model", target=step.model_name, version=version, inputs=bindings,
+            name=node,
+            kind="model",
+            target=step.model_name,
+            version=version,
+            inputs=bindings,
             outputs=dict.fromkeys(step.output_map.keys()),
         )
     graph_outputs = {}
     for t in outputs:
         ref = producers.get(t.name)
         if ref is None:
-            issues.append(SpecIssue(source, f"ensemble output '{t.name}' is not produced by any step", field="output"))
+            issues.append(
+                SpecIssue(source, f"ensemble output '{t.name}' is not produced by any step", field="output")
+            )
             continue
         graph_outputs[t.name] = GraphOutput(t.name, (ref,), t.datatype, t.dims)
     return GraphSpec(
@@ -336,13 +351,13 @@ def config_from_graph(graph: GraphSpec, outputs: list[TensorSpec]) -> Any:
     config = ModelConfig(name=graph.name, platform="ensemble", max_batch_size=graph.max_batch_size)
     for t in graph.inputs.values():
         config.input.add(
-            name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims),
+            name=t.name,
+            data_type=mc.DataType.Value(to_config(t.datatype)),
+            dims=list(t.dims),
             optional=t.optional,
         )
     for t in outputs:
-        config.output.add(
-            name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims)
-        )
+        config.output.add(name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims))
     step_nodes = [n for n in graph.nodes.values() if n.kind in ("model", "graph")]
     for node in step_nodes:
         step = config.ensemble_scheduling.step.add(model_name=node.target, model_version=-1)

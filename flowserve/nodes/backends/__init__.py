@@ -23,8 +23,6 @@ def backend_class(backend: str, model: str) -> type[BackendNode]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise Unsupported(
-            f"model '{model}': backend '{backend}' cannot be used here: {exc}"
-        ) from None
+        raise Unsupported(f"model '{model}': backend '{backend}' cannot be used here: {exc}") from None
     cls: type[BackendNode] = getattr(module, cls_name)
     return cls

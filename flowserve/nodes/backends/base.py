@@ -37,9 +37,7 @@ def backend_signature(model: ModelSpec) -> Signature:
 
 
 class BackendNode(Node):
-    def __init__(
-        self, model: ModelSpec, version: int, stats: ModelStats, clock: Clock = MONOTONIC
-    ) -> None:
+    def __init__(self, model: ModelSpec, version: int, stats: ModelStats, clock: Clock = MONOTONIC) -> None:
         self.name = model.name
         self.model = model
         self.version = version
@@ -48,9 +46,7 @@ class BackendNode(Node):
         self.clock = clock
         self.pool: InstancePool[Any] = InstancePool(f"{model.name}-v{version}")
         batched = model.max_batch_size > 0
-        self._in_reshape = {
-            t.name: t.reshape for t in model.inputs if t.reshape is not None
-        }
+        self._in_reshape = {t.name: t.reshape for t in model.inputs if t.reshape is not None}
         self._out_reshape = {t.name: t.dims for t in model.outputs if t.reshape is not None}
         self._batched = batched
 
@@ -63,6 +59,22 @@ class BackendNode(Node):
 
     def execute(self, instance: Any, inputs: TensorMap) -> TensorMap:
         raise NotImplementedError
+
+    def execute_batch(self, instance: Any, batch: list[TensorMap]) -> list[TensorMap]:
+        """Run several requests' inputs at once (called by a batcher, on the instance's thread).
+
+        The default merges rows along the batch axis, runs ``execute`` once and splits the
+        outputs back by each request's row count. Backends whose models take a list of
+        requests (Triton's python backend) override this.
+        """
+        if len(batch) == 1:
+            return [self.execute(instance, batch[0])]
+        rows = [next(iter(b.values())).shape[0] for b in batch]
+        merged = {name: np.concatenate([b[name] for b in batch]) for name in batch[0]}
+        outputs = self.execute(instance, merged)
+        bounds = np.cumsum(rows)[:-1]
+        parts = {name: np.split(array, bounds) for name, array in outputs.items()}
+        return [{name: parts[name][i] for name in parts} for i in range(len(batch))]
 
     def unload_instance(self, instance: Any) -> None:
         """Release one instance (called on its own thread)."""

@@ -18,7 +18,7 @@ from flowserve.core.datatypes import from_config, to_numpy
 _log = logging.getLogger("flowserve.python_model")
 
 
-class TritonModelException(Exception):  # noqa: N818 (Triton's name)
+class TritonModelException(Exception):
     pass
 
 

@@ -36,15 +36,17 @@ class PythonModelBackend(BackendNode):
         obj = cls()
         init = getattr(obj, "initialize", None)
         if init is not None:
-            init({
-                "model_config": json.dumps(config_to_json(self.model.config)),
-                "model_instance_kind": "CPU",
-                "model_instance_name": f"{self.model.name}_{index}",
-                "model_instance_device_id": "0",
-                "model_repository": str(Path(self.version_path).parent),
-                "model_version": str(self.version),
-                "model_name": self.model.name,
-            })
+            init(
+                {
+                    "model_config": json.dumps(config_to_json(self.model.config)),
+                    "model_instance_kind": "CPU",
+                    "model_instance_name": f"{self.model.name}_{index}",
+                    "model_instance_device_id": "0",
+                    "model_repository": str(Path(self.version_path).parent),
+                    "model_version": str(self.version),
+                    "model_name": self.model.name,
+                }
+            )
         return obj
 
     def execute(self, instance: Any, inputs: TensorMap) -> TensorMap:

@@ -1,0 +1,271 @@
+"""The data plane both front ends translate to: one object holding the engine, client shared
+memory, limits, and the trace and log settings, with every operation of Triton's protocol as a
+transport-neutral method (plain dicts in, plain dicts out, errors from core.errors)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowserve.core.errors import InvalidArgument, NotFound
+from flowserve.core.node import Span
+from flowserve.core.types import InferRequest, InferResponse
+from flowserve.dataplane import metadata
+from flowserve.dataplane.engine import Engine
+from flowserve.dataplane.shm import SharedMemoryRegistry
+
+VERSION = "0.1.0"
+
+
+@dataclass(slots=True)
+class Limits:
+    """Request size limits, checked before anything is allocated from a request."""
+
+    max_request_bytes: int = 256 * 1024 * 1024
+    max_tensor_elements: int = 64 * 1024 * 1024
+    max_bytes_element: int = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Trace:
+    request_id: str
+    model: str
+    spans: list[Span]
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass
+class TraceSettings:
+    trace_level: list[str] = field(default_factory=lambda: ["OFF"])
+    trace_rate: int = 1000
+    trace_count: int = -1
+    log_frequency: int = 0
+    trace_file: str = ""
+    trace_mode: str = "triton"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace_level": list(self.trace_level),
+            "trace_rate": str(self.trace_rate),
+            "trace_count": str(self.trace_count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.trace_file,
+            "trace_mode": self.trace_mode,
+        }
+
+
+_LOG_KEYS = {
+    "log_file": str,
+    "log_info": bool,
+    "log_warning": bool,
+    "log_error": bool,
+    "log_verbose_level": int,
+    "log_format": str,
+}
+
+
+class DataPlane:
+    def __init__(
+        self,
+        engine: Engine,
+        shm: SharedMemoryRegistry | None = None,
+        limits: Limits | None = None,
+        keep_traces: int = 200,
+    ) -> None:
+        self.engine = engine
+        self.shm = shm or SharedMemoryRegistry(enabled=False)
+        self.limits = limits or Limits()
+        self.trace_settings = TraceSettings()
+        self.model_trace_settings: dict[str, TraceSettings] = {}
+        self.traces: deque[Trace] = deque(maxlen=keep_traces)
+        self._traced = 0
+        self.log_settings: dict[str, Any] = {
+            "log_file": "",
+            "log_info": True,
+            "log_warning": True,
+            "log_error": True,
+            "log_verbose_level": 0,
+            "log_format": "default",
+        }
+
+    # ------------------------------------------------------------ health and metadata
+
+    def live(self) -> bool:
+        return self.engine.live
+
+    def ready(self) -> bool:
+        return self.engine.ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return metadata.server_metadata(VERSION)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.engine.model_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        servable = self.engine.registry.get(name, version)
+        return metadata.model_metadata(self.engine.registry, servable)
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return metadata.model_config(self.engine.registry.get(name, version))
+
+    def model_config_proto(self, name: str, version: str = "") -> Any:
+        return self.engine.registry.get(name, version).config
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        return metadata.statistics(self.engine.registry, name, version)
+
+    # ------------------------------------------------------------ inference
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        spans = self._maybe_trace(request.model)
+        if spans is None:
+            return await self.engine.infer_request(request)
+        trace = Trace(request.id, request.model, spans)
+        try:
+            return await self.engine.infer_request(request, trace=spans)
+        except Exception as exc:
+            trace.ok, trace.error = False, str(exc)
+            raise
+        finally:
+            self.traces.append(trace)
+
+    def _maybe_trace(self, model: str) -> list[Span] | None:
+        settings = self.model_trace_settings.get(model, self.trace_settings)
+        if "OFF" in settings.trace_level or not settings.trace_level:
+            return None
+        if settings.trace_count == 0:
+            return None
+        rate = max(settings.trace_rate, 1)
+        if rate > 1 and random.randrange(rate) != 0:
+            return None
+        if settings.trace_count > 0:
+            settings.trace_count -= 1
+        return []
+
+    # ------------------------------------------------------------ repository
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return metadata.repository_index(self.engine.registry, ready_only)
+
+    async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """``parameters``: ``config`` (ModelConfig JSON) and ``file:<path>`` (bytes) entries."""
+        parameters = parameters or {}
+        config = parameters.get("config")
+        files: dict[str, bytes] = {}
+        for key, value in parameters.items():
+            if key.startswith("file:"):
+                if not isinstance(value, bytes | bytearray):
+                    raise InvalidArgument(f"load of '{name}': '{key}' must carry bytes")
+                files[key[len("file:") :]] = bytes(value)
+        if config is not None and not isinstance(config, str):
+            raise InvalidArgument(f"load of '{name}': 'config' must be a JSON string")
+        await self.engine.load_model(name, config, files or None)
+
+    async def unload(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        dependents = bool((parameters or {}).get("unload_dependents", False))
+        await self.engine.unload_model(name, dependents)
+
+    # ------------------------------------------------------------ trace and log settings
+
+    def get_trace_settings(self, model: str = "") -> dict[str, Any]:
+        if model:
+            self.engine.registry.get(model)
+            return self.model_trace_settings.get(model, self.trace_settings).as_dict()
+        return self.trace_settings.as_dict()
+
+    def update_trace_settings(self, settings: dict[str, Any], model: str = "") -> dict[str, Any]:
+        """Values may be strings, lists of strings or None (None: back to the global value)."""
+        if model:
+            self.engine.registry.get(model)
+        base = self.model_trace_settings.get(model) if model else self.trace_settings
+        target = TraceSettings(**vars(base if base is not None else self.trace_settings))
+        for key, value in settings.items():
+            if key not in (
+                "trace_level",
+                "trace_rate",
+                "trace_count",
+                "log_frequency",
+                "trace_file",
+                "trace_mode",
+            ):
+                raise InvalidArgument(f"unknown trace setting '{key}'")
+            if value is None:
+                setattr(target, key, getattr(self.trace_settings, key))
+                continue
+            if key == "trace_level":
+                levels = [value] if isinstance(value, str) else [str(v) for v in value]
+                bad = [v for v in levels if v not in ("OFF", "TIMESTAMPS", "TENSORS")]
+                if bad:
+                    raise InvalidArgument(f"trace_level must be OFF, TIMESTAMPS or TENSORS, got {bad}")
+                target.trace_level = levels
+            elif key in ("trace_rate", "trace_count", "log_frequency"):
+                text = value[0] if isinstance(value, list) else value
+                try:
+                    setattr(target, key, int(text))
+                except (TypeError, ValueError):
+                    raise InvalidArgument(
+                        f"trace setting '{key}' must be an integer, got {value!r}"
+                    ) from None
+            else:
+                setattr(target, key, value[0] if isinstance(value, list) else str(value))
+        if model:
+            self.model_trace_settings[model] = target
+        else:
+            self.trace_settings = target
+        return target.as_dict()
+
+    def get_log_settings(self) -> dict[str, Any]:
+        return dict(self.log_settings)
+
+    def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        for key, value in settings.items():
+            kind = _LOG_KEYS.get(key)
+            if kind is None:
+                raise InvalidArgument(f"unknown log setting '{key}'")
+            if kind is bool and not isinstance(value, bool):
+                raise InvalidArgument(f"log setting '{key}' must be a boolean")
+            if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise InvalidArgument(f"log setting '{key}' must be an unsigned integer")
+            if kind is str and not isinstance(value, str):
+                raise InvalidArgument(f"log setting '{key}' must be a string")
+            if key == "log_format" and value not in ("default", "ISO8601"):
+                raise InvalidArgument("log_format must be 'default' or 'ISO8601'")
+            self.log_settings[key] = value
+        self._apply_log_settings()
+        return dict(self.log_settings)
+
+    def _apply_log_settings(self) -> None:
+        s = self.log_settings
+        if s["log_verbose_level"] > 0:
+            level = logging.DEBUG
+        elif s["log_info"]:
+            level = logging.INFO
+        elif s["log_warning"]:
+            level = logging.WARNING
+        elif s["log_error"]:
+            level = logging.ERROR
+        else:
+            level = logging.CRITICAL + 1
+        logging.getLogger().setLevel(level)
+        logging.getLogger("flowserve").setLevel(level)
+        if s["log_file"]:
+            root = logging.getLogger()
+            if not any(
+                isinstance(h, logging.FileHandler) and h.baseFilename == s["log_file"] for h in root.handlers
+            ):
+                try:
+                    root.addHandler(logging.FileHandler(s["log_file"]))
+                except OSError as exc:
+                    raise InvalidArgument(f"cannot open log_file '{s['log_file']}': {exc.strerror}") from None
+
+    def recent_traces(self, model: str = "") -> list[Trace]:
+        return [t for t in self.traces if not model or t.model == model]
+
+    def require_model(self, name: str) -> None:
+        if not self.engine.registry.has(name):
+            raise NotFound(f"unknown model: '{name}'")

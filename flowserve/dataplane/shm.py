@@ -1,0 +1,116 @@
+"""System shared memory regions registered by clients (Triton's system_shared_memory extension).
+
+A region is a POSIX shared memory object (``/dev/shm/<key>``) mapped once at registration;
+inputs are read from it and outputs written to it, every access bounds-checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
+
+SHM_ROOT = Path("/dev/shm")
+
+
+@dataclass(slots=True)
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+
+    def status(self) -> dict[str, object]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+class SharedMemoryRegistry:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._regions: dict[str, Region] = {}
+
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise Unsupported("client shared memory is disabled on this server (start with --allow-shm)")
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_enabled()
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' is already registered")
+        if offset < 0 or byte_size <= 0:
+            raise InvalidArgument(
+                f"shared memory region '{name}': invalid offset {offset} / byte_size {byte_size}"
+            )
+        fname = key.lstrip("/")
+        if not fname or "/" in fname or fname in (".", ".."):
+            raise InvalidArgument(f"shared memory region '{name}': invalid key '{key}'")
+        path = SHM_ROOT / fname
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"unable to open shared memory region '{name}' with key '{key}': {exc.strerror}"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size:
+                raise InvalidArgument(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                    f"exceeds the object's size {size}"
+                )
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._regions[name] = Region(name, key, offset, byte_size, mapping)
+
+    def unregister(self, name: str = "") -> None:
+        self._check_enabled()
+        names = [name] if name else list(self._regions)
+        for n in names:
+            region = self._regions.pop(n, None)
+            if region is not None:
+                # BufferError: a view is still alive; the mapping closes when it dies
+                with contextlib.suppress(BufferError):
+                    region.mapping.close()
+
+    def status(self, name: str = "") -> list[dict[str, object]]:
+        self._check_enabled()
+        if name:
+            if name not in self._regions:
+                raise NotFound(f"unable to find system shared memory region: '{name}'")
+            return [self._regions[name].status()]
+        return [r.status() for r in self._regions.values()]
+
+    def _span(self, name: str, offset: int, byte_size: int, tensor: str) -> tuple[Region, int]:
+        self._check_enabled()
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"tensor '{tensor}': unable to find system shared memory region: '{name}'")
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            raise InvalidArgument(
+                f"tensor '{tensor}': shared memory region '{name}' has {region.byte_size} bytes, "
+                f"offset {offset} + byte_size {byte_size} does not fit"
+            )
+        return region, region.offset + offset
+
+    def read(self, name: str, offset: int, byte_size: int, tensor: str) -> bytes:
+        region, start = self._span(name, offset, byte_size, tensor)
+        return bytes(region.mapping[start : start + byte_size])
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes, tensor: str) -> None:
+        region, start = self._span(name, offset, byte_size, tensor)
+        if len(data) > byte_size:
+            raise InvalidArgument(
+                f"output '{tensor}' needs {len(data)} bytes, but shared memory region '{name}' "
+                f"was given {byte_size}"
+            )
+        region.mapping[start : start + len(data)] = data
+
+    def close(self) -> None:
+        for region in list(self._regions.values()):
+            self.unregister(region.name)
