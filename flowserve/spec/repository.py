@@ -9,7 +9,7 @@ from typing import Any
 from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.schema import GraphSpec, ModelSpec
-from flowserve.spec.triton import model_spec, read_config
+from flowserve.spec.triton import CONFIG_FILES, model_spec, read_config
 
 
 @dataclass
@@ -42,7 +42,7 @@ def scan_model(model_dir: Path) -> Scan:
     """Read one model directory of a repository."""
     scan = Scan()
     name = model_dir.name
-    source = str(model_dir)
+    source = next((str(model_dir / f) for f in CONFIG_FILES if (model_dir / f).is_file()), str(model_dir))
     try:
         config, config_file = read_config(model_dir)
         source = config_file or source

@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+
+from flowserve.core.errors import InvalidArgument
+from flowserve.core.wire import from_list, from_raw, to_raw
+
+
+@pytest.mark.parametrize(
+    "datatype,array",
+    [
+        ("INT32", np.arange(6, dtype=np.int32).reshape(2, 3)),
+        ("FP16", np.array([1.5, -2], np.float16)),
+        ("BOOL", np.array([True, False])),
+        ("UINT64", np.array([2**63], np.uint64)),
+    ],
+)
+def test_fixed_round_trip(datatype: str, array: np.ndarray) -> None:
+    back = from_raw("x", datatype, list(array.shape), to_raw(array))
+    np.testing.assert_array_equal(back, array)
+    assert back.dtype == array.dtype
+
+
+def test_bytes_round_trip() -> None:
+    array = np.array([[b"a", b""], [b"\x00\xff", "caf\u00e9"]], dtype=np.object_)
+    raw = to_raw(array)
+    assert raw[:5] == b"\x01\x00\x00\x00a"
+    back = from_raw("s", "BYTES", [2, 2], raw)
+    assert back.tolist() == [[b"a", b""], [b"\x00\xff", "caf\u00e9".encode()]]
+
+
+@pytest.mark.parametrize(
+    "shape,data,message",
+    [
+        ([3], b"\x00" * 8, "got 8 bytes of data, but shape [3] of INT32 needs 12"),
+        ([-2], b"", "invalid shape"),
+        ([2**40, 2**40], b"", "needs"),  # absurd shape: rejected before any allocation
+    ],
+)
+def test_fixed_size_checked_before_allocation(shape: list[int], data: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message.replace("[", r"\[").replace("]", r"\]")):
+        from_raw("x", "INT32", shape, data)
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"\x05\x00\x00\x00ab", "claims 5 bytes but only 2 remain"),
+        (b"\x01\x00", "ends inside a 4-byte length prefix"),
+        (b"\x01\x00\x00\x00a", "needs 2 BYTES elements, data holds 1"),
+        (b"\x00\x00\x00\x00" * 3, "data holds 3 or more"),
+    ],
+)
+def test_bad_bytes(data: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        from_raw("s", "BYTES", [2], data)
+
+
+def test_from_list_nested_and_flat() -> None:
+    assert from_list("x", "FP32", [2, 2], [[1, 2], [3, 4]]).tolist() == [[1, 2], [3, 4]]
+    assert from_list("x", "FP32", [2, 2], [1, 2, 3, 4]).shape == (2, 2)
+    assert from_list("s", "BYTES", [2], [["a"], ["b"]]).tolist() == [b"a", b"b"]
+    with pytest.raises(InvalidArgument, match="needs 4 elements, got 3"):
+        from_list("x", "INT8", [2, 2], [1, 2, 3])
+    with pytest.raises(InvalidArgument, match="does not fit INT8"):
+        from_list("x", "INT8", [1], ["abc"])
