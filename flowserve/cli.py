@@ -85,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
+        control_mode=args.model_control_mode,
+        load_models=args.load_model or [],
+        poll_secs=args.repository_poll_secs,
         allow_shm=args.allow_shm,
         limits=Limits(max_request_bytes=args.max_request_bytes),
     )
@@ -103,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=8000, help="negative: no HTTP listener")
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit", "poll"],
+        default="none",
+        help="none: load all, no load/unload API; explicit: only --load-model and the API; "
+        "poll: load all and re-scan every --repository-poll-secs",
+    )
+    serve.add_argument("--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)")
+    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
     serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(
         "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"

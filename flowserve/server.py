@@ -37,6 +37,9 @@ class ServerOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    poll_secs: float = 15.0
     allow_shm: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
@@ -50,7 +53,13 @@ class Server:
 
     async def start(self) -> DataPlane:
         opts = self.options
-        engine = await Engine.start(opts.model_repositories, opts.graph_dirs)
+        engine = await Engine.start(
+            opts.model_repositories,
+            opts.graph_dirs,
+            control_mode=opts.control_mode,
+            load_models=opts.load_models if opts.control_mode == "explicit" else ["*"],
+            poll_secs=opts.poll_secs,
+        )
         plane = DataPlane(engine, SharedMemoryRegistry(enabled=opts.allow_shm), opts.limits)
         self.plane = plane
         try:

@@ -109,7 +109,7 @@ def start_server(
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
     """One server for a whole test session (bundled content + tests/models, shm allowed)."""
-    proc = start_server("--allow-shm")
+    proc = start_server("--allow-shm", "--model-control-mode=explicit", "--load-model=*")
     try:
         yield proc
     finally:

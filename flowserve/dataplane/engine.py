@@ -10,6 +10,7 @@ It is the one entry point of both front ends and of in-process use::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import sys
@@ -30,18 +31,19 @@ from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane.classification import classify, read_labels
 from flowserve.graph.plan import Plan
-from flowserve.nodes.factory import build_nodes, compile_all
+from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.registry import Registry, State
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import ModelStats
-from flowserve.spec.repository import Scan, override_scan, scan_graphs, scan_model, scan_repository
+from flowserve.spec.repository import Scan, fingerprint, override_scan, scan_graphs, scan_repository
 from flowserve.spec.schema import GraphSpec, ModelSpec
 from flowserve.spec.triton import config_from_graph
 
 log = logging.getLogger("flowserve")
 
 PathLike = str | Path
+CONTROL_MODES = ("none", "explicit", "poll")
 
 
 def _paths(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
@@ -71,22 +73,41 @@ def add_import_roots(graph_dirs: Iterable[Path]) -> None:
 
 
 class Engine:
+    """Loads repositories and graphs and serves them.
+
+    Model control modes (Triton's): ``none`` loads everything at start and refuses the load and
+    unload API; ``explicit`` loads only ``load_models`` at start (``"*"``: all) and then changes
+    only through :meth:`load_model`/:meth:`unload_model`; ``poll`` loads everything and re-scans
+    every ``poll_secs``, loading what was added or changed and unloading what was removed.
+    """
+
     def __init__(
         self,
         model_repository: PathLike | Sequence[PathLike] | None = None,
         graphs: PathLike | Sequence[PathLike] | None = None,
         clock: Clock = MONOTONIC,
+        control_mode: str = "explicit",
+        load_models: Sequence[str] = ("*",),
+        poll_secs: float = 15.0,
     ) -> None:
+        if control_mode not in CONTROL_MODES:
+            raise InvalidArgument(f"model control mode must be one of {', '.join(CONTROL_MODES)}")
         self.repositories = _paths(model_repository)
         self.graph_dirs = _paths(graphs)
         self.clock = clock
+        self.control_mode = control_mode
+        self.load_models = list(load_models)
+        self.poll_secs = poll_secs
         self.registry = Registry()
         self.issues: list[SpecIssue] = []
         self.models: dict[str, ModelSpec] = {}
         self.graphs: dict[str, GraphSpec] = {}
         self.plans: dict[str, Plan] = {}
+        self.fingerprints: dict[str, str] = {}
         self.live = True
         self._overrides: Path | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def start(
@@ -94,28 +115,70 @@ class Engine:
         model_repository: PathLike | Sequence[PathLike] | None = None,
         graphs: PathLike | Sequence[PathLike] | None = None,
         clock: Clock = MONOTONIC,
+        control_mode: str = "explicit",
+        load_models: Sequence[str] = ("*",),
+        poll_secs: float = 15.0,
     ) -> Engine:
-        """Load everything in the repositories and graph folders; failures are logged and
-        reported by ``index()``, never fatal for the others."""
-        engine = cls(model_repository, graphs, clock)
-        await engine.load_all()
+        """Load the repositories and graph folders (all of them, unless ``explicit`` mode names
+        some); failures are logged and reported by the index, never fatal for the others."""
+        engine = cls(model_repository, graphs, clock, control_mode, load_models, poll_secs)
+        add_import_roots(engine.graph_dirs)
+        wanted = None if control_mode != "explicit" or "*" in load_models else set(load_models)
+        async with engine._lock:
+            await engine._load_from_scan(wanted)
+        if control_mode == "poll":
+            engine._poller = asyncio.create_task(engine._poll_forever(), name="flowserve-poll")
         return engine
 
     # ---------------------------------------------------------------- loading
 
     async def load_all(self) -> None:
-        add_import_roots(self.graph_dirs)
+        async with self._lock:
+            await self._load_from_scan(None)
+
+    async def _load_from_scan(self, wanted: set[str] | None) -> Scan:
+        """Scan everything and (re)load ``wanted`` (None: everything), plus whatever they use
+        that is not loaded yet."""
         scan = scan_all(self.repositories, self.graph_dirs)
-        compiled = compile_all(scan)
+        if wanted is None:
+            selected = set(graph_specs(scan)) | set(scan.failed)
+        else:
+            closure = self._closure(scan, wanted)
+            selected = {n for n in closure if n in wanted or not self.registry.has(n)}
+        subset = scan.subset(selected)
+        known = {n: p for n, p in self.plans.items() if self.registry.has(n) and n not in selected}
+        compiled = compile_all(subset, known)
         self.issues = compiled.issues
-        self.models.update(scan.models)
-        self.graphs.update(scan.graphs)
+        self.models.update(subset.models)
+        self.graphs.update(subset.graphs)
         for issue in compiled.issues:
             log.error("%s", issue)
         for name, reason in compiled.failed.items():
-            self.registry.mark(name, "", State.UNAVAILABLE, reason)
+            if not self.registry.has(name):
+                self.registry.mark(name, "", State.UNAVAILABLE, reason)
         for name in compiled.order:
-            await self._load(name, compiled.plans[name])
+            self.fingerprints[name] = fingerprint(scan.paths[name]) if name in scan.paths else ""
+            await self._retire(await self._load(name, compiled.plans[name]))
+        if wanted is None:
+            return scan
+        for name in sorted(set(scan.paths) - selected - set(self.fingerprints)):
+            if not any(s.name == name for s in self.registry.index()):
+                self.registry.mark(name, "", State.UNAVAILABLE, "unloaded")
+        return scan
+
+    def _closure(self, scan: Scan, wanted: set[str]) -> set[str]:
+        """``wanted`` plus every model or graph they use, transitively."""
+        specs = graph_specs(scan)
+        out: set[str] = set()
+        frontier = list(wanted)
+        while frontier:
+            name = frontier.pop()
+            if name in out:
+                continue
+            out.add(name)
+            if name in specs:
+                frontier.extend(dependencies(specs[name]))
+        return out
 
     async def _load(self, name: str, plan: Plan) -> list[Servable]:
         """Start every version of ``name`` and put them in the registry in one swap; versions
@@ -174,43 +237,43 @@ class Engine:
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        """(Re)load one model or graph from the repositories, optionally with a config
-        override and override files (``{"1/model.py": b"..."}``); others keep serving."""
-        scan = self._scan_one(name, config_json, files)
+        """(Re)load one model or graph, and whatever it uses that is not loaded yet; optionally
+        with a config override and override files (``{"1/model.py": b"..."}``). Others keep
+        serving; the old versions finish their in-flight requests before they stop."""
+        async with self._lock:
+            if config_json is None and not files:
+                scan = await self._load_from_scan({name})
+                if name not in scan.paths:
+                    raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
+            else:
+                await self._load_override(name, config_json, files)
+        if not self.registry.has(name):
+            reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
+            raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")
+
+    async def _load_override(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        if config_json is None:
+            raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
+        model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
+        scan = override_scan(name, model_dir, config_json, files or {}, self._override_root())
+        missing = {d for spec in graph_specs(scan).values() for d in dependencies(spec)} - {
+            n for n in self.plans if self.registry.has(n)
+        }
+        if missing:
+            await self._load_from_scan(missing)
         known = {n: p for n, p in self.plans.items() if n != name and self.registry.has(n)}
         compiled = compile_all(scan, known)
         if name not in compiled.plans:
             reason = "; ".join(str(i) for i in compiled.issues) or compiled.failed.get(name, "invalid")
-            self.registry.mark(name, "", State.UNAVAILABLE, reason)
             raise InvalidArgument(f"failed to load '{name}': {reason}")
         self.models.pop(name, None)
         self.graphs.pop(name, None)
         self.models.update(scan.models)
         self.graphs.update(scan.graphs)
-        old = await self._load(name, compiled.plans[name])
-        await self._retire(old)
-        if not self.registry.has(name):
-            reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
-            raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")
-
-    def _scan_one(self, name: str, config_json: str | None, files: dict[str, bytes] | None) -> Scan:
-        if files and config_json is None:
-            raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
-        model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
-        if config_json is not None:
-            return override_scan(name, model_dir, config_json, files or {}, self._override_root())
-        if model_dir is not None:
-            return scan_model(model_dir)
-        for gdir in self.graph_dirs:
-            scan = scan_graphs(gdir)
-            if name in scan.graphs or name in scan.failed:
-                only = Scan(issues=scan.issues if name in scan.failed else [])
-                if name in scan.graphs:
-                    only.graphs[name] = scan.graphs[name]
-                else:
-                    only.failed[name] = scan.failed[name]
-                return only
-        raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
+        self.fingerprints.pop(name, None)
+        await self._retire(await self._load(name, compiled.plans[name]))
 
     def _override_root(self) -> Path:
         if self._overrides is None:
@@ -224,9 +287,39 @@ class Engine:
         names = [name]
         if unload_dependents:
             names += self.dependents(name)
-        for n in names:
-            await self._retire(self.registry.remove(n))
+        async with self._lock:
+            for n in names:
+                self.fingerprints.pop(n, None)
+                await self._retire(self.registry.remove(n))
         return names
+
+    async def poll_once(self) -> tuple[list[str], list[str]]:
+        """Re-scan the repositories: load what was added or changed, unload what was removed.
+        Returns (loaded, unloaded) names."""
+        async with self._lock:
+            scan = scan_all(self.repositories, self.graph_dirs)
+            current = {n: fingerprint(p) for n, p in scan.paths.items()}
+            changed = {n for n, fp in current.items() if self.fingerprints.get(n) != fp}
+            removed = [n for n in self.fingerprints if n not in current]
+            for name in removed:
+                self.fingerprints.pop(name, None)
+                await self._retire(self.registry.remove(name))
+            if changed:
+                await self._load_from_scan(changed)
+                # an entry that failed keeps its fingerprint, so it is retried only when it changes
+                for name in changed:
+                    self.fingerprints.setdefault(name, current[name])
+        if changed or removed:
+            log.info("repository poll: loaded %s, unloaded %s", sorted(changed), removed)
+        return sorted(changed), removed
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # a bad scan must never stop the polling
+                log.exception("repository poll failed")
 
     def dependents(self, name: str) -> list[str]:
         """Loaded graphs that use ``name``, directly or through other graphs."""
@@ -253,6 +346,11 @@ class Engine:
 
     async def stop(self) -> None:
         self.live = False
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
         for name in {s.name for s in self.registry.servables()}:
             for servable in self.registry.remove(name):
                 await servable.stop()

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowserve.core.errors import InvalidArgument, NotFound
+from flowserve.core.errors import InvalidArgument, NotFound, Unsupported
 from flowserve.core.node import Span
 from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane import metadata
@@ -152,8 +152,17 @@ class DataPlane:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return metadata.repository_index(self.engine.registry, ready_only)
 
+    def _check_control(self, action: str, name: str) -> None:
+        mode = self.engine.control_mode
+        if mode != "explicit":
+            raise Unsupported(
+                f"failed to {action} '{name}': explicit model {action} is not allowed in model control "
+                f"mode '{mode}' (start the server with --model-control-mode=explicit)"
+            )
+
     async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """``parameters``: ``config`` (ModelConfig JSON) and ``file:<path>`` (bytes) entries."""
+        self._check_control("load", name)
         parameters = parameters or {}
         config = parameters.get("config")
         files: dict[str, bytes] = {}
@@ -167,6 +176,7 @@ class DataPlane:
         await self.engine.load_model(name, config, files or None)
 
     async def unload(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._check_control("unload", name)
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.engine.unload_model(name, dependents)
 

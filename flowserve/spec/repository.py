@@ -21,6 +21,8 @@ class Scan:
     issues: list[SpecIssue] = field(default_factory=list)
     # name -> reason, for entries that exist but could not be read (reported by the index).
     failed: dict[str, str] = field(default_factory=dict)
+    # name -> the directory (model) or file (graph) it came from
+    paths: dict[str, Path] = field(default_factory=dict)
 
     def merge(self, other: Scan) -> None:
         for name, spec in other.models.items():
@@ -29,6 +31,21 @@ class Scan:
             self._add(name, gspec.source, self.graphs, gspec)
         self.issues.extend(other.issues)
         self.failed.update(other.failed)
+        for name, path in other.paths.items():
+            self.paths.setdefault(name, path)
+
+    def subset(self, names: set[str]) -> Scan:
+        """Only the entries named (with their issues)."""
+        keep = {n for n in names}
+        out = Scan(
+            models={n: m for n, m in self.models.items() if n in keep},
+            graphs={n: g for n, g in self.graphs.items() if n in keep},
+            failed={n: r for n, r in self.failed.items() if n in keep},
+            paths={n: p for n, p in self.paths.items() if n in keep},
+        )
+        failed_sources = {str(self.paths[n]) for n in out.failed if n in self.paths}
+        out.issues = [i for i in self.issues if any(i.file.startswith(src) for src in failed_sources)]
+        return out
 
     def _add(self, name: str, source: str, table: dict[str, Any], spec: object) -> None:
         if name in self.models or name in self.graphs:
@@ -42,6 +59,7 @@ def scan_model(model_dir: Path) -> Scan:
     """Read one model directory of a repository."""
     scan = Scan()
     name = model_dir.name
+    scan.paths[name] = model_dir
     source = next((str(model_dir / f) for f in CONFIG_FILES if (model_dir / f).is_file()), str(model_dir))
     try:
         config, config_file = read_config(model_dir)
@@ -90,9 +108,11 @@ def scan_graphs(root: str | Path) -> Scan:
         try:
             spec = load_graph_file(path)
             part.graphs[spec.name] = spec
+            part.paths[spec.name] = path
         except SpecError as exc:
             part.issues.extend(exc.issues)
             part.failed[path.stem] = str(exc)
+            part.paths[path.stem] = path
         scan.merge(part)
     return scan
 
@@ -134,3 +154,20 @@ def override_scan(
     else:
         scan.models[name] = spec
     return scan
+
+
+def fingerprint(path: Path) -> str:
+    """What changes when anything under ``path`` (a model directory or a graph file) changes."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if "__pycache__" in file.parts:
+            continue
+        try:
+            st = file.stat()
+        except OSError:
+            continue
+        digest.update(f"{file.relative_to(path.parent)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,87 @@
+"""Model control modes: explicit (with dependencies), poll (add / change / remove), none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowserve
+from flowserve.core.errors import Unsupported
+from flowserve.dataplane.plane import DataPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository", repo)
+    return repo
+
+
+def states(engine: flowserve.Engine) -> dict[str, str]:
+    return {s.name: s.state.value for s in engine.registry.index() if s.version in ("1", "")}
+
+
+async def test_explicit_loads_only_what_is_named_plus_dependencies(tmp_path: Path) -> None:
+    engine = await flowserve.Engine.start(
+        copy_repo(tmp_path), ROOT / "graphs", control_mode="explicit", load_models=["simple_ensemble"]
+    )
+    try:
+        assert engine.model_ready("simple_ensemble")
+        assert engine.model_ready("simple")  # loaded because the ensemble uses it
+        assert not engine.model_ready("fanout") and not engine.model_ready("route")
+        assert states(engine)["route"] == "UNAVAILABLE"
+        await engine.load_model("route")
+        assert engine.model_ready("route")
+    finally:
+        await engine.stop()
+
+
+async def test_none_mode_refuses_the_load_api(tmp_path: Path) -> None:
+    engine = await flowserve.Engine.start(copy_repo(tmp_path), control_mode="none")
+    plane = DataPlane(engine)
+    try:
+        assert engine.model_ready("simple")
+        with pytest.raises(Unsupported, match="not allowed in model control mode 'none'"):
+            await plane.load("simple")
+        with pytest.raises(Unsupported, match="explicit model unload is not allowed"):
+            await plane.unload("simple")
+    finally:
+        await engine.stop()
+
+
+async def test_poll_picks_up_added_changed_and_removed_models(tmp_path: Path) -> None:
+    repo = copy_repo(tmp_path)
+    engine = await flowserve.Engine.start(repo, control_mode="poll", poll_secs=3600)
+    try:
+        assert await engine.poll_once() == ([], [])  # nothing changed
+        # add a model: a copy of simple under a new name
+        shutil.copytree(repo / "simple", repo / "simple2")
+        config = repo / "simple2" / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "simple"', 'name: "simple2"'))
+        loaded, unloaded = await engine.poll_once()
+        assert loaded == ["simple2"] and unloaded == []
+        a = np.ones((1, 16), np.int32)
+        out = await engine.infer("simple2", {"INPUT0": a, "INPUT1": a})
+        np.testing.assert_array_equal(out["OUTPUT0"], 2 * a)
+        # change it: a new version directory appears and becomes the served (latest) version
+        shutil.copytree(repo / "simple2" / "1", repo / "simple2" / "2")
+        model = repo / "simple2" / "2" / "model.py"
+        model.write_text(model.read_text().replace("(in0 + in1)", "(in0 + in1 + 100)"))
+        os.utime(repo / "simple2")
+        loaded, _ = await engine.poll_once()
+        assert loaded == ["simple2"]
+        out = await engine.infer("simple2", {"INPUT0": a, "INPUT1": a})
+        assert engine.registry.versions("simple2") == [2]
+        np.testing.assert_array_equal(out["OUTPUT0"], 2 * a + 100)
+        # remove it
+        shutil.rmtree(repo / "simple2")
+        assert await engine.poll_once() == ([], ["simple2"])
+        assert not engine.model_ready("simple2")
+        assert engine.model_ready("simple")
+    finally:
+        await engine.stop()
