@@ -88,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         control_mode=args.model_control_mode,
         load_models=args.load_model or [],
         poll_secs=args.repository_poll_secs,
+        cache_bytes=args.cache_size,
         allow_shm=args.allow_shm,
         limits=Limits(max_request_bytes=args.max_request_bytes),
     )
@@ -113,8 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="none: load all, no load/unload API; explicit: only --load-model and the API; "
         "poll: load all and re-scan every --repository-poll-secs",
     )
-    serve.add_argument("--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)")
+    serve.add_argument(
+        "--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)"
+    )
     serve.add_argument("--repository-poll-secs", type=float, default=15.0)
+    serve.add_argument(
+        "--cache-size",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="response cache size (LRU, shared); models opt in with response_cache { enable: true }",
+    )
     serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(
         "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"

@@ -40,6 +40,7 @@ class ServerOptions:
     control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)
     poll_secs: float = 15.0
+    cache_bytes: int = 0
     allow_shm: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
@@ -59,6 +60,7 @@ class Server:
             control_mode=opts.control_mode,
             load_models=opts.load_models if opts.control_mode == "explicit" else ["*"],
             poll_secs=opts.poll_secs,
+            cache_bytes=opts.cache_bytes,
         )
         plane = DataPlane(engine, SharedMemoryRegistry(enabled=opts.allow_shm), opts.limits)
         self.plane = plane

@@ -32,6 +32,7 @@ from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane.classification import classify, read_labels
 from flowserve.graph.plan import Plan
 from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
+from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.registry import Registry, State
 from flowserve.runtime.servable import Servable
@@ -89,6 +90,7 @@ class Engine:
         control_mode: str = "explicit",
         load_models: Sequence[str] = ("*",),
         poll_secs: float = 15.0,
+        cache_bytes: int = 0,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise InvalidArgument(f"model control mode must be one of {', '.join(CONTROL_MODES)}")
@@ -98,6 +100,7 @@ class Engine:
         self.control_mode = control_mode
         self.load_models = list(load_models)
         self.poll_secs = poll_secs
+        self.cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
         self.registry = Registry()
         self.issues: list[SpecIssue] = []
         self.models: dict[str, ModelSpec] = {}
@@ -118,10 +121,11 @@ class Engine:
         control_mode: str = "explicit",
         load_models: Sequence[str] = ("*",),
         poll_secs: float = 15.0,
+        cache_bytes: int = 0,
     ) -> Engine:
         """Load the repositories and graph folders (all of them, unless ``explicit`` mode names
         some); failures are logged and reported by the index, never fatal for the others."""
-        engine = cls(model_repository, graphs, clock, control_mode, load_models, poll_secs)
+        engine = cls(model_repository, graphs, clock, control_mode, load_models, poll_secs, cache_bytes)
         add_import_roots(engine.graph_dirs)
         wanted = None if control_mode != "explicit" or "*" in load_models else set(load_models)
         async with engine._lock:
@@ -194,6 +198,7 @@ class Engine:
             versions = [1]
             config = config_from_graph(graph, [o.tensor for o in plan.outputs])
             kind = "graph"
+        cache = self._cache_for(name, model, graph)
         loaded: list[Servable] = []
         failed: dict[str, str] = {}
         for version in versions:
@@ -225,6 +230,7 @@ class Engine:
                     clock=self.clock,
                     stats=stats,
                     decoupled=bool(model.decoupled) if model is not None else False,
+                    cache=cache,
                 )
             )
             log.info("loaded %s '%s' version %s", kind, name, version)
@@ -233,6 +239,19 @@ class Engine:
         for failed_version, reason in failed.items():
             self.registry.mark(name, failed_version, State.UNAVAILABLE, reason)
         return old
+
+    def _cache_for(self, name: str, model: ModelSpec | None, graph: GraphSpec | None) -> ResponseCache | None:
+        if model is not None:
+            config = model.config
+            wanted = bool(config.response_cache.enable)
+            if wanted and (model.decoupled or config.HasField("sequence_batching")):
+                log.warning("'%s': the response cache is not used for decoupled or sequence models", name)
+                return None
+        else:
+            wanted = graph is not None and graph.response_cache
+        if wanted and self.cache is None:
+            log.warning("'%s' enables the response cache, but the server has none (--cache-size)", name)
+        return self.cache if wanted else None
 
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None

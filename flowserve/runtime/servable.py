@@ -8,6 +8,7 @@ from typing import Any
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.node import Context, TensorMap
 from flowserve.graph.plan import Plan
+from flowserve.runtime.cache import ResponseCache, cache_key
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.stats import ModelStats
 from flowserve.runtime.validate import validate_inputs
@@ -29,6 +30,7 @@ class Servable:
     clock: Clock = MONOTONIC
     stats: ModelStats = field(default_factory=ModelStats)
     decoupled: bool = False
+    cache: ResponseCache | None = None
 
     @property
     def platform(self) -> str:
@@ -44,6 +46,17 @@ class Servable:
         except Exception:
             stats.record_request(False, clock.now_ns() - start)
             raise
+        cache = self.cache
+        key = b""
+        looked = start
+        if cache is not None:
+            key = cache_key(self.name, self.version, inputs)
+            hit = cache.get(key)
+            looked = clock.now_ns()
+            if hit is not None:
+                stats.cache_hit.add(looked - start)
+                stats.record_request(True, looked - start)
+                return hit
         stats.pending += 1
         try:
             outputs = await self.executor.run(inputs, ctx)
@@ -52,6 +65,10 @@ class Servable:
             raise
         finally:
             stats.pending -= 1
+        if cache is not None:
+            before = clock.now_ns()
+            cache.put(key, outputs)
+            stats.cache_miss.add(clock.now_ns() - before + looked - start)
         elapsed = clock.now_ns() - start
         if self.kind != "model":
             # a graph has no backend of its own to count executions; each request is one

@@ -5,6 +5,7 @@ Schema (one graph per file)::
     name: classify                    # optional; defaults to the file name without .yaml
     description: text                 # optional
     max_batch_size: 0                 # optional; > 0 means dims below exclude the batch dim
+    response_cache: false             # optional; true: identical requests answered from the cache
     inputs:
       image: {datatype: UINT8, dims: [-1, -1, 3], optional: false}
     outputs:
@@ -47,7 +48,7 @@ from flowserve.spec.schema import (
     TensorSpec,
 )
 
-_GRAPH_KEYS = {"name", "description", "max_batch_size", "inputs", "outputs", "nodes"}
+_GRAPH_KEYS = {"name", "description", "max_batch_size", "inputs", "outputs", "nodes", "response_cache"}
 _NODE_KEYS = {
     *NODE_KINDS,
     "version",
@@ -117,6 +118,7 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: _Issues) -> Gr
         nodes=nodes,
         max_batch_size=max_batch,
         description=str(doc.get("description", "")),
+        response_cache=bool(doc.get("response_cache", False)),
     )
 
 

@@ -142,6 +142,7 @@ class GraphSpec:
     max_batch_size: int = 0
     description: str = ""
     platform: str = "flowserve_graph"
+    response_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)
