@@ -15,7 +15,7 @@ is the node's own business: the executor only awaits ``__call__``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +49,22 @@ class Context:
 
 
 class Node:
-    """Base class of every node kind. Subclasses override ``__call__`` and maybe start/stop."""
+    """Base class of every node kind. Subclasses override ``__call__`` and maybe start/stop.
+
+    A *decoupled* node (``decoupled = True``) answers a request with zero, one or many
+    responses: it implements ``stream`` instead of ``__call__``, and the executor runs the
+    nodes behind it once per response.
+    """
 
     name: str = ""
+    decoupled: bool = False
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         raise NotImplementedError
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        """The node's responses, in order (default: the one answer of ``__call__``)."""
+        yield await self(inputs, ctx)
 
     async def start(self) -> None:
         """Load whatever the node needs. Raising here fails the load of its graph."""

@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from flowserve.core.errors import (
     Unsupported,
 )
 from flowserve.core.node import Context, Node, Span, TensorMap
-from flowserve.core.types import InferRequest, InferResponse
+from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.dataplane.classification import classify, read_labels
 from flowserve.graph.plan import Plan
 from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
@@ -218,18 +218,19 @@ class Engine:
                 failed[str(version)] = _text(exc)
                 log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
                 continue
+            executor = Executor(plan, nodes, self.clock)
             loaded.append(
                 Servable(
                     name=name,
                     version=version,
                     kind=kind,
                     plan=plan,
-                    executor=Executor(plan, nodes, self.clock),
+                    executor=executor,
                     spec=model if model is not None else graph,  # type: ignore[arg-type]
                     config=config,
                     clock=self.clock,
                     stats=stats,
-                    decoupled=bool(model.decoupled) if model is not None else False,
+                    decoupled=executor.decoupled or (model is not None and model.decoupled),
                     cache=cache,
                 )
             )
@@ -400,17 +401,42 @@ class Engine:
                 f"model '{servable.name}' is decoupled: use the streaming API (ModelStreamInfer "
                 "or generate_stream)"
             )
+        wanted = self._check_requested(servable, request)
+        ctx = self._context(request.id, request.parameters)
+        ctx.trace = trace
+        outputs = await servable.infer(request.inputs, ctx)
+        return self._response(servable, request, outputs, wanted)
+
+    async def stream_request(
+        self, request: InferRequest, trace: list[Span] | None = None
+    ) -> AsyncIterator[InferResponse]:
+        """Every response to one request, in order: several for a decoupled model or graph,
+        exactly one otherwise. Requested outputs and classification apply to each."""
+        servable = self.registry.get(request.model, request.version)
+        wanted = self._check_requested(servable, request)
+        ctx = self._context(request.id, request.parameters)
+        ctx.trace = trace
+        async for outputs in servable.stream(request.inputs, ctx):
+            yield self._response(servable, request, outputs, wanted)
+
+    def _check_requested(self, servable: Servable, request: InferRequest) -> list[RequestedOutput] | None:
         wanted = request.outputs
         if wanted:
-            known = {o.name: o for o in servable.plan.outputs}
+            known = {o.name for o in servable.plan.outputs}
             for out in wanted:
                 if out.name not in known:
                     raise InvalidArgument(
                         f"unexpected inference output '{out.name}' for model '{servable.name}'"
                     )
-        ctx = self._context(request.id, request.parameters)
-        ctx.trace = trace
-        outputs = await servable.infer(request.inputs, ctx)
+        return wanted
+
+    def _response(
+        self,
+        servable: Servable,
+        request: InferRequest,
+        outputs: TensorMap,
+        wanted: list[RequestedOutput] | None,
+    ) -> InferResponse:
         if wanted:
             outputs = {
                 o.name: self._shape_output(servable, o.name, outputs[o.name], o.class_count)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,21 @@ class DataPlane:
             raise
         finally:
             self.traces.append(trace)
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response to one request (several for a decoupled model or graph)."""
+        spans = self._maybe_trace(request.model)
+        trace = Trace(request.id, request.model, spans) if spans is not None else None
+        try:
+            async for response in self.engine.stream_request(request, trace=spans):
+                yield response
+        except Exception as exc:
+            if trace is not None:
+                trace.ok, trace.error = False, str(exc)
+            raise
+        finally:
+            if trace is not None:
+                self.traces.append(trace)
 
     def _maybe_trace(self, model: str) -> list[Span] | None:
         settings = self.model_trace_settings.get(model, self.trace_settings)

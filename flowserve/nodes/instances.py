@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
@@ -83,6 +83,19 @@ class InstancePool(Generic[T]):
             pair = self._free.pop()
             try:
                 return await fn(pair[0], arg)
+            finally:
+                self._free.append(pair)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[tuple[T, Worker]]:
+        """Hold a free instance (and its worker thread) for a whole streamed request."""
+        sem = self._sem
+        if sem is None:
+            raise RuntimeError(f"{self.name}: no instance loaded")
+        async with sem:
+            pair = self._free.pop()
+            try:
+                yield pair
             finally:
                 self._free.append(pair)
 

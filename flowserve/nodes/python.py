@@ -14,19 +14,27 @@ The contract (all optional but ``execute``)::
 ``dims`` are full shapes (with any batch dimension). YAML ``outputs`` on the node override the
 class's. A sync ``execute`` runs on the instance's own thread, so a slow node never stalls the
 event loop; an ``async`` one runs on the loop. ``instances.count`` copies run concurrently.
+
+An ``execute`` that is a generator (``yield`` instead of ``return``, sync or async) makes the
+node *decoupled*: each yielded dict is one response, and the nodes behind it run once per
+response (reach it through a streaming API).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import inspect
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from flowserve.core.datatypes import DATATYPES
 from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
-from flowserve.nodes.instances import InstancePool
+from flowserve.nodes.instances import InstancePool, Worker
 from flowserve.spec.schema import NodeSpec, TensorSpec
 
 
@@ -97,6 +105,8 @@ class PythonNode(Node):
         self.cls = import_target(spec.target)
         execute = self.cls.execute
         self._async = inspect.iscoroutinefunction(execute)
+        self._async_gen = inspect.isasyncgenfunction(execute)
+        self.decoupled = self._async_gen or inspect.isgeneratorfunction(execute)
         self._with_ctx = len(inspect.signature(execute).parameters) >= 3
         self.pool: InstancePool[Any] = InstancePool(f"{graph}.{spec.name}")
 
@@ -127,8 +137,65 @@ class PythonNode(Node):
             return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)  # type: ignore[return-value]
         return await self.pool.run(_execute, inputs)  # type: ignore[return-value]
 
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        if not self.decoupled:
+            yield await self(inputs, ctx)
+            return
+        args = (inputs, ctx) if self._with_ctx else (inputs,)
+        async with self.pool.lease() as (obj, worker):
+            if self._async_gen:
+                async for item in obj.execute(*args):
+                    yield item
+                return
+            async for item in _drain_on_thread(worker, lambda: obj.execute(*args)):
+                yield item
+
     async def stop(self) -> None:
         await self.pool.close(_finalize)
+
+
+_DONE = object()
+
+
+async def _drain_on_thread(worker: Worker, make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+    """Run a sync generator on the instance's thread, handing items over through a small
+    bounded queue (the generator waits while the consumer is behind)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in make():
+                if stop.is_set():
+                    return
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+        except BaseException as exc:  # handed to the consumer, re-raised there
+            asyncio.run_coroutine_threadsafe(queue.put(_Raised(exc)), loop).result()
+        else:
+            asyncio.run_coroutine_threadsafe(queue.put(_DONE), loop).result()
+
+    running = asyncio.ensure_future(worker.call(produce))
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                break
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        while not running.done():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(asyncio.QueueEmpty):
+                queue.get_nowait()
+            await asyncio.sleep(0.001)
+        await running
+
+
+class _Raised:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 def _execute(obj: Any, inputs: TensorMap) -> Any:

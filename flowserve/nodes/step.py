@@ -5,6 +5,8 @@ statistics apply, as with Triton's ensemble steps."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan, Signature
 from flowserve.runtime.registry import Registry
@@ -24,7 +26,14 @@ class StepNode(Node):
         self.registry = registry
         self.target = target
         self.version = version
+        # a step on a decoupled model streams its responses on to the nodes behind it
+        self.decoupled = registry.has(target) and registry.get(target, version).decoupled
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         servable = self.registry.get(self.target, self.version)
         return await servable.infer(inputs, ctx)
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        servable = self.registry.get(self.target, self.version)
+        async for outputs in servable.stream(inputs, ctx):
+            yield outputs

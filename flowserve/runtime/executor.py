@@ -4,18 +4,24 @@ Decisions come from :class:`~flowserve.runtime.flow.Flow`; this module only star
 awaits them and records what happened. A lone ready node is awaited inline (no task); several
 ready nodes run as tasks, concurrently. When a node fails, its siblings are cancelled and the
 caller gets a :class:`NodeError` naming the graph and the node.
+
+Decoupled nodes (zero or more responses per request) run last: once nothing else can run,
+the first ready decoupled node is streamed, and each of its responses continues a copy of the
+token's state through the rest of the graph, so every response yields one graph response.
+Several decoupled nodes in one token therefore multiply their responses.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.datatypes import to_numpy
-from flowserve.core.errors import FlowserveError, NodeError, Unavailable
+from flowserve.core.errors import FlowserveError, NodeError, Unavailable, Unsupported
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.graph.plan import Plan, PlanNode
 from flowserve.runtime.flow import Flow
@@ -50,15 +56,82 @@ class Executor:
         self._checks = [output_checks(n) for n in plan.nodes]
         # switch nodes produce only the branch they take; every other node all it declares
         self._partial = [n.spec.kind == "switch" for n in plan.nodes]
+        self._decoupled = [node.decoupled for node in nodes]
+        self._any_decoupled = any(self._decoupled)
+
+    @property
+    def decoupled(self) -> bool:
+        return any(self._decoupled)
 
     async def run(self, inputs: TensorMap, ctx: Context) -> TensorMap:
-        plan = self.plan
-        flow = Flow(plan)
+        flow = Flow(self.plan)
         env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
-        ready = flow.start(set(env))
+        deferred = await self._drive(flow, env, ctx, flow.start(env))
+        if deferred and not flow.done:
+            names = ", ".join(self.plan.nodes[i].name for i in deferred)
+            raise Unsupported(
+                f"graph '{self.plan.name}' has decoupled node(s) {names}: use the streaming API "
+                "(gRPC ModelStreamInfer or HTTP generate_stream)"
+            )
+        return self._finish(flow, env, ctx)
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        """Every response of the graph for one request (one, unless a node is decoupled)."""
+        flow = Flow(self.plan)
+        env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
+        async for outputs in self._stream_from(flow, env, ctx, flow.start(env)):
+            yield outputs
+
+    async def _stream_from(
+        self, flow: Flow, env: dict[str, np.ndarray], ctx: Context, ready: list[int]
+    ) -> AsyncIterator[TensorMap]:
+        deferred = await self._drive(flow, env, ctx, ready)
+        if not deferred or flow.done:
+            yield self._finish(flow, env, ctx)
+            return
+        index, rest = deferred[0], deferred[1:]
+        plan_node = self.plan.nodes[index]
+        stats = self.stats[index]
+        inputs = {name: env[key] for name, key in flow.chosen[index].items() if key}
+        stats.calls += 1
+        start = self.clock.now_ns()
+        try:
+            async for produced in self.nodes[index].stream(inputs, ctx):
+                try:
+                    self._check_outputs(index, produced)
+                except Exception as exc:
+                    raise NodeError(self.plan.name, plan_node.name, exc) from exc
+                fork, fork_env = flow.copy(), dict(env)
+                for check in self._checks[index]:
+                    if check.name in produced:
+                        fork_env[check.key] = produced[check.name]
+                async for outputs in self._stream_from(
+                    fork, fork_env, ctx, rest + fork.finish(index, produced)
+                ):
+                    yield outputs
+        except NodeError:
+            stats.errors += 1
+            raise
+        except Exception as exc:
+            stats.errors += 1
+            raise NodeError(self.plan.name, plan_node.name, exc) from exc
+        finally:
+            stats.total.add(self.clock.now_ns() - start)
+
+    async def _drive(
+        self, flow: Flow, env: dict[str, np.ndarray], ctx: Context, ready: list[int]
+    ) -> list[int]:
+        """Run ready nodes until nothing more can run; returns the ready decoupled nodes, unstarted."""
+        deferred: list[int] = []
         pending: dict[asyncio.Task[TensorMap], int] = {}
+        decoupled = self._decoupled
         try:
             while ready or pending:
+                if self._any_decoupled:
+                    deferred += [i for i in ready if decoupled[i]]
+                    ready = [i for i in ready if not decoupled[i]]
+                if flow.done:
+                    break
                 if len(ready) == 1 and not pending:
                     index = ready[0]
                     produced = await self._run_node(index, flow, env, ctx)
@@ -68,7 +141,7 @@ class Executor:
                     task = asyncio.ensure_future(self._run_node(index, flow, env, ctx))
                     pending[task] = index
                 ready = []
-                if flow.done:
+                if not pending:
                     break
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -79,6 +152,10 @@ class Executor:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        return deferred
+
+    def _finish(self, flow: Flow, env: dict[str, np.ndarray], ctx: Context) -> TensorMap:
+        plan = self.plan
         for name in flow.skipped:
             self.stats[plan.node(name).index].skipped += 1
             if ctx.trace is not None:

@@ -34,6 +34,18 @@ class Flow:
         self.chosen: list[dict[str, str]] = [{} for _ in plan.nodes]
         self.skipped: list[str] = []
 
+    def copy(self) -> Flow:
+        """An independent copy (a decoupled node's responses each continue a copy)."""
+        other = Flow.__new__(Flow)
+        other._plan = self._plan
+        other._present = set(self._present)
+        other._absent = set(self._absent)
+        other._pending = list(self._pending)
+        other._decided_outputs = set(self._decided_outputs)
+        other.chosen = [dict(c) for c in self.chosen]
+        other.skipped = list(self.skipped)
+        return other
+
     @property
     def done(self) -> bool:
         return len(self._decided_outputs) == len(self._plan.outputs)

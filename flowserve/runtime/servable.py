@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,31 @@ class Servable:
             stats.record_execution(rows, 0, elapsed, 0)
         stats.record_request(True, elapsed)
         return outputs
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        """Every response for one request: one for an ordinary graph, zero or more when a
+        node is decoupled. The request counts as one success (or failure) when it ends."""
+        clock = self.clock
+        start = clock.now_ns()
+        stats = self.stats
+        try:
+            rows = validate_inputs(self.plan, inputs)
+        except Exception:
+            stats.record_request(False, clock.now_ns() - start)
+            raise
+        stats.pending += 1
+        try:
+            async for outputs in self.executor.stream(inputs, ctx):
+                yield outputs
+        except BaseException:
+            stats.record_request(False, clock.now_ns() - start)
+            raise
+        finally:
+            stats.pending -= 1
+        elapsed = clock.now_ns() - start
+        if self.kind != "model":
+            stats.record_execution(rows, 0, elapsed, 0)
+        stats.record_request(True, elapsed)
 
     async def stop(self) -> None:
         for node in self.executor.nodes:
