@@ -89,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         load_models=args.load_model or [],
         poll_secs=args.repository_poll_secs,
         cache_bytes=args.cache_size,
+        inline_threshold_us=args.inline_threshold_us,
         allow_shm=args.allow_shm,
         limits=Limits(max_request_bytes=args.max_request_bytes),
     )
@@ -124,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="BYTES",
         help="response cache size (LRU, shared); models opt in with response_cache { enable: true }",
+    )
+    serve.add_argument(
+        "--inline-threshold-us",
+        type=float,
+        default=100.0,
+        help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
     serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(

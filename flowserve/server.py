@@ -17,6 +17,7 @@ from typing import Protocol
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane, Limits
 from flowserve.dataplane.shm import SharedMemoryRegistry
+from flowserve.nodes.instances import configure_inline
 
 log = logging.getLogger("flowserve")
 
@@ -41,6 +42,7 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     poll_secs: float = 15.0
     cache_bytes: int = 0
+    inline_threshold_us: float = 100.0
     allow_shm: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
@@ -54,6 +56,7 @@ class Server:
 
     async def start(self) -> DataPlane:
         opts = self.options
+        configure_inline(opts.inline_threshold_us)
         engine = await Engine.start(
             opts.model_repositories,
             opts.graph_dirs,

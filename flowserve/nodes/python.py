@@ -108,7 +108,7 @@ class PythonNode(Node):
         self._async_gen = inspect.isasyncgenfunction(execute)
         self.decoupled = self._async_gen or inspect.isgeneratorfunction(execute)
         self._with_ctx = len(inspect.signature(execute).parameters) >= 3
-        self.pool: InstancePool[Any] = InstancePool(f"{graph}.{spec.name}")
+        self.pool: InstancePool[Any] = InstancePool(f"{graph}.{spec.name}", inline=True)
 
     async def start(self) -> None:
         for _ in range(self.spec.instances.count):

@@ -1,0 +1,93 @@
+"""Instance pools: inline policy (pure), and where calls really run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from flowserve.nodes.instances import InlinePolicy, InstancePool
+
+
+def test_policy_probes_then_inlines_cheap_calls() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=3)
+    for _ in range(3):
+        assert not policy.inline()
+        policy.observe(10_000)
+    assert policy.inline()
+
+
+def test_policy_keeps_slow_calls_on_threads() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=2)
+    for _ in range(5):
+        policy.observe(500_000)
+    assert not policy.inline()
+
+
+def test_one_spike_backs_off_for_a_while() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=1, spike=10, backoff=3)
+    policy.observe(1_000)
+    assert policy.inline()
+    policy.observe(5_000_000)  # one call of 5 ms: 50x the threshold
+    assert [policy.inline() for _ in range(3)] == [False, False, False]
+    for _ in range(60):  # the average decays back under the threshold
+        policy.observe(1_000)
+    assert policy.inline()
+
+
+def test_zero_threshold_never_inlines() -> None:
+    policy = InlinePolicy(threshold_ns=0, probe=0)
+    policy.observe(1)
+    assert not policy.inline()
+
+
+async def test_cheap_calls_move_onto_the_loop_and_slow_ones_stay_off() -> None:
+    loop_thread = threading.get_ident()
+    pool: InstancePool[str] = InstancePool("t", inline=True)
+    await pool.add(lambda i: f"instance{i}")
+    seen: list[bool] = []
+
+    def cheap(instance: str, arg: int) -> int:
+        seen.append(threading.get_ident() == loop_thread)
+        return arg + 1
+
+    results = [await pool.run(cheap, n) for n in range(20)]
+    assert results == list(range(1, 21))
+    assert seen[:8] == [False] * 8  # probing on the worker thread
+    assert all(seen[8:])  # then inline
+
+    def slow(instance: str, arg: int) -> int:
+        seen.append(threading.get_ident() == loop_thread)
+        time.sleep(0.002)  # 2 ms: 20x the threshold
+        return arg
+
+    seen.clear()
+    for n in range(5):
+        await pool.run(slow, n)
+    assert seen[0] is True  # the first slow call was inline (the average was low) ...
+    assert not any(seen[1:])  # ... and sent every later one back to the thread
+    await pool.close()
+
+
+async def test_pool_without_inline_always_uses_its_thread() -> None:
+    pool: InstancePool[int] = InstancePool("t")
+    await pool.add(lambda i: i)
+    loop_thread = threading.get_ident()
+    threads = {await pool.run(lambda inst, _: threading.get_ident(), None) for _ in range(20)}
+    assert loop_thread not in threads and len(threads) == 1
+    await pool.close()
+
+
+async def test_n_instances_run_concurrently() -> None:
+    pool: InstancePool[int] = InstancePool("t")
+    for _ in range(3):
+        await pool.add(lambda i: i)
+    barrier = threading.Barrier(3, timeout=10)
+
+    def meet(instance: int, _: object) -> int:
+        barrier.wait()  # all three must be inside at once
+        return instance
+
+    results = await asyncio.gather(*(pool.run(meet, None) for _ in range(3)))
+    assert sorted(results) == [0, 1, 2]  # type: ignore[type-var]
+    await pool.close()
