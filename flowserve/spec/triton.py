@@ -8,6 +8,8 @@ uses, shipped by ``tritonclient.grpc.model_config_pb2``), then translated. An en
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
-from flowserve.core.errors import InvalidArgument, SpecIssue
+from flowserve.core.errors import FlowserveError, InvalidArgument, SpecIssue
 from flowserve.spec.schema import (
     BatchingSpec,
     GraphOutput,
@@ -59,6 +61,31 @@ DEFAULT_FILENAMES = {
     "tensorflow": "model.savedmodel",
 }
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
+
+
+@dataclass(slots=True)
+class Completion:
+    """What a backend's auto-complete read from the model file, for what the config leaves out.
+
+    Inputs and outputs are added when the config has none of that name; ``max_batch_size``
+    (when not None) replaces the config's; ``dynamic_batching`` adds an empty
+    ``dynamic_batching {}`` when the model has no scheduler; ``decoupled`` sets the
+    transaction policy.
+    """
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    max_batch_size: int | None = None
+    dynamic_batching: bool = False
+    decoupled: bool | None = None
+
+
+# backend -> auto-complete hook: (ModelConfig, model directory, served version directories)
+# -> Completion or None (nothing to add). Backends register theirs (flowserve.nodes.backends
+# does, so framework imports stay there); the spec layer only calls them, before the config is
+# translated, so graph validation sees the model's real signature.
+AutoComplete = Callable[[Any, Path, list[Path]], "Completion | None"]
+AUTOCOMPLETE: dict[str, AutoComplete] = {}
 
 
 def read_config(model_dir: Path) -> tuple[Any, str | None]:
@@ -200,6 +227,8 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
         return None
     if not config.platform and backend in BACKEND_PLATFORMS:
         config.platform = BACKEND_PLATFORMS[backend]
+    if not auto_complete(config, backend, model_dir, versions, source, issues):
+        return None
     try:
         inputs = tuple(tensor_from_config(t, True) for t in config.input)
         outputs = tuple(tensor_from_config(t, False) for t in config.output)
@@ -236,6 +265,55 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
         graph=graph,
         config=config,
     )
+
+
+def auto_complete(
+    config: Any, backend: str, model_dir: Path, versions: dict[int, str], source: str, issues: list[SpecIssue]
+) -> bool:
+    """Run the backend's auto-complete hook, if any, and fold its result into ``config``."""
+    hook = AUTOCOMPLETE.get(backend)
+    if hook is None:
+        return True
+    try:
+        completion = hook(config, model_dir, [Path(p) for p in versions.values()])
+    except FlowserveError as exc:
+        issues.append(SpecIssue(source, exc.message, field="auto-complete"))
+        return False
+    except Exception as exc:
+        issues.append(
+            SpecIssue(
+                source,
+                f"model '{model_dir.name}': auto-complete of backend '{backend}' failed: "
+                f"{type(exc).__name__}: {exc}",
+                field="auto-complete",
+            )
+        )
+        return False
+    if completion is not None:
+        apply_completion(config, completion)
+    return True
+
+
+def apply_completion(config: Any, completion: Completion) -> None:
+    from flowserve.core.datatypes import to_config
+
+    if completion.max_batch_size is not None:
+        config.max_batch_size = completion.max_batch_size
+    scheduler = config.WhichOneof("scheduling_choice")
+    if completion.dynamic_batching and scheduler is None and config.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
+    for field_name, tensors in (("input", completion.inputs), ("output", completion.outputs)):
+        present = {t.name for t in getattr(config, field_name)}
+        for t in tensors:
+            if t.name in present:
+                continue
+            entry = getattr(config, field_name).add(
+                name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims)
+            )
+            if field_name == "input" and t.optional:
+                entry.optional = True
+    if completion.decoupled is not None:
+        config.model_transaction_policy.decoupled = completion.decoupled
 
 
 def ensemble_graph(

@@ -11,6 +11,7 @@ reshape between the client's ``dims`` and the model's ``reshape``) lives here on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,9 @@ import numpy as np
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
+from flowserve.nodes.batching.tensors import merge_rows, request_rows, split_rows
 from flowserve.nodes.instances import InstancePool
+from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.schema import ModelSpec, TensorSpec
 
@@ -37,17 +40,31 @@ def backend_signature(model: ModelSpec) -> Signature:
 
 
 class BackendNode(Node):
-    def __init__(self, model: ModelSpec, version: int, stats: ModelStats, clock: Clock = MONOTONIC) -> None:
+    # May a cheap call run on the event loop (see nodes/instances.py)? Only for backends whose
+    # framework is not thread-affine (no CUDA stream or thread-local session state).
+    inline_ok: bool = False
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        version: int,
+        stats: ModelStats,
+        clock: Clock = MONOTONIC,
+        registry: Registry | None = None,
+    ) -> None:
         self.name = model.name
         self.model = model
         self.version = version
         self.version_path = model.versions[version]
         self.stats = stats
         self.clock = clock
-        self.pool: InstancePool[Any] = InstancePool(f"{model.name}-v{version}")
+        # the engine's loaded servables, for backends that call other models (python BLS)
+        self.registry = registry
+        self.pool: InstancePool[Any] = InstancePool(f"{model.name}-v{version}", inline=self.inline_ok)
         batched = model.max_batch_size > 0
         self._in_reshape = {t.name: t.reshape for t in model.inputs if t.reshape is not None}
         self._out_reshape = {t.name: t.dims for t in model.outputs if t.reshape is not None}
+        self._ragged = frozenset(t.name for t in model.inputs if t.allow_ragged_batch)
         self._batched = batched
 
     @property
@@ -63,18 +80,29 @@ class BackendNode(Node):
     def execute_batch(self, instance: Any, batch: list[TensorMap]) -> list[TensorMap]:
         """Run several requests' inputs at once (called by a batcher, on the instance's thread).
 
-        The default merges rows along the batch axis, runs ``execute`` once and splits the
-        outputs back by each request's row count. Backends whose models take a list of
-        requests (Triton's python backend) override this.
+        The default merges rows along the batch axis (ragged inputs as the flat concatenation
+        of their elements, as Triton hands them to a model), runs ``execute`` once and splits
+        the outputs back by each request's row count, raising InternalError when the outputs'
+        rows do not add up. Backends whose models take a list of requests (Triton's python
+        backend) override this.
         """
-        if len(batch) == 1:
+        if len(batch) == 1 and not self._ragged:
             return [self.execute(instance, batch[0])]
-        rows = [next(iter(b.values())).shape[0] for b in batch]
-        merged = {name: np.concatenate([b[name] for b in batch]) for name in batch[0]}
-        outputs = self.execute(instance, merged)
-        bounds = np.cumsum(rows)[:-1]
-        parts = {name: np.split(array, bounds) for name, array in outputs.items()}
-        return [{name: parts[name][i] for name in parts} for i in range(len(batch))]
+        merged = merge_rows(batch, self._ragged)
+        rows = [request_rows(b, self.name) for b in batch]
+        return split_rows(self.execute(instance, merged), rows, self.name)
+
+    async def run_batch(
+        self, batch: list[TensorMap], on_acquired: Callable[[], None] | None = None
+    ) -> list[TensorMap]:
+        """Run several requests on one free instance (a batcher's entry point): ``execute_batch``
+        on the instance's thread, with the inputs' and outputs' reshapes applied per request."""
+        if self._in_reshape:
+            batch = [self._reshape(b, self._in_reshape) for b in batch]
+        results: list[TensorMap] = await self.pool.run(self.execute_batch, batch, on_acquired)  # type: ignore[assignment]
+        if self._out_reshape:
+            results = [self._reshape(r, self._out_reshape) for r in results]
+        return results
 
     def unload_instance(self, instance: Any) -> None:
         """Release one instance (called on its own thread)."""

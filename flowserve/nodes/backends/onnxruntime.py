@@ -1,0 +1,171 @@
+"""ONNX Runtime backend (``onnxruntime_onnx`` platform, ``model.onnx``).
+
+One ``InferenceSession`` per instance. The CPU execution provider always; the CUDA (and, when
+``optimization.execution_accelerators.gpu_execution_accelerator`` names ``tensorrt``, the
+TensorRT) execution provider only when the instance is placed on a GPU, which needs a GPU to
+be present *and* onnxruntime-gpu's providers to be available: onnxruntime-gpu on a machine
+without CUDA logs loud errors when asked, so it is never asked there. After the session is
+made, ``get_providers()`` is what counts (a provider that failed to load falls back to CPU).
+
+On a GPU, inputs and outputs go through I/O binding (outputs allocated on the device, copied
+back once). Session options come from config ``parameters`` with Triton's ORT backend names:
+``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode`` (0 sequential,
+1 parallel), ``enable_mem_arena``, ``enable_mem_pattern``, any ``session.*`` config entry, and
+``optimization { graph { level } }`` (-1 basic, 1 extended, else all).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowserve.core.errors import InvalidArgument, Unsupported
+from flowserve.core.node import TensorMap
+from flowserve.nodes.backends._support import Parameters, Placement, model_file, placement, require
+from flowserve.nodes.backends.base import BackendNode
+
+log = logging.getLogger("flowserve.onnxruntime")
+
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+@dataclass
+class OrtInstance:
+    session: Any
+    place: Placement
+    outputs: list[str]
+    string_inputs: frozenset[str]
+    io_binding: bool
+
+
+def session_options(ort: Any, model: Any, params: Parameters) -> Any:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = params.integer("log_severity_level", 3)
+    if params.has("intra_op_thread_count"):
+        opts.intra_op_num_threads = params.integer("intra_op_thread_count", 0)
+    if params.has("inter_op_thread_count"):
+        opts.inter_op_num_threads = params.integer("inter_op_thread_count", 0)
+    if params.has("execution_mode"):
+        mode = params.integer("execution_mode", 0)
+        opts.execution_mode = (
+            ort.ExecutionMode.ORT_PARALLEL if mode == 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+        )
+    if params.has("enable_mem_arena"):
+        opts.enable_cpu_mem_arena = params.flag("enable_mem_arena", True)
+    if params.has("enable_mem_pattern"):
+        opts.enable_mem_pattern = params.flag("enable_mem_pattern", True)
+    for key, value in params.prefixed("session.").items():
+        opts.add_session_config_entry(key, value)
+    config = model.config
+    if config is not None and config.HasField("optimization") and config.optimization.HasField("graph"):
+        level = int(config.optimization.graph.level)
+        levels = ort.GraphOptimizationLevel
+        opts.graph_optimization_level = {-1: levels.ORT_ENABLE_BASIC, 1: levels.ORT_ENABLE_EXTENDED}.get(
+            level, levels.ORT_ENABLE_ALL
+        )
+    return opts
+
+
+def providers_for(ort: Any, model: Any, place: Placement) -> list[Any]:
+    """Execution providers to ask for, most preferred first (CPU always last)."""
+    cpu: list[Any] = ["CPUExecutionProvider"]
+    if not place.gpu:
+        return cpu
+    available = set(ort.get_available_providers())
+    if "CUDAExecutionProvider" not in available:
+        if place.required:
+            raise Unsupported(
+                f"model '{model.name}': KIND_GPU needs onnxruntime's CUDA execution provider, which "
+                f"this onnxruntime does not have (providers: {sorted(available)}); install onnxruntime-gpu"
+            )
+        return cpu
+    chosen: list[Any] = []
+    if "TensorrtExecutionProvider" in available and _wants_tensorrt(model):
+        chosen.append(("TensorrtExecutionProvider", {"device_id": place.device}))
+    chosen.append(("CUDAExecutionProvider", {"device_id": place.device}))
+    return chosen + cpu
+
+
+def _wants_tensorrt(model: Any) -> bool:
+    config = model.config
+    if config is None or not config.HasField("optimization"):
+        return False
+    accel = config.optimization.execution_accelerators.gpu_execution_accelerator
+    return any(a.name.lower() == "tensorrt" for a in accel)
+
+
+def _to_ort(array: np.ndarray) -> np.ndarray:
+    """BYTES (object arrays of bytes) -> object arrays of str, as ORT's string tensors want."""
+    flat = [v.decode("utf-8") if isinstance(v, bytes | bytearray) else str(v) for v in array.reshape(-1)]
+    return np.array(flat, dtype=object).reshape(array.shape)
+
+
+def _from_ort(array: Any) -> np.ndarray:
+    out = np.asarray(array)
+    if out.dtype.kind in "OU":
+        flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in out.reshape(-1)]
+        out = np.array(flat, dtype=object).reshape(out.shape)
+    return out
+
+
+class OnnxRuntimeBackend(BackendNode):
+    def load_instance(self, index: int) -> OrtInstance:
+        model = self.model
+        ort = require("onnxruntime", model.name, "onnxruntime", "onnx")
+        path = model_file(model, self.version_path, "model.onnx")
+        if path.is_dir():
+            path = path / "model.onnx"
+        place = placement(model, index, "onnxruntime")
+        params = Parameters(model)
+        providers = providers_for(ort, model, place)
+        try:
+            session = ort.InferenceSession(
+                str(path), sess_options=session_options(ort, model, params), providers=providers
+            )
+        except Exception as exc:
+            raise InvalidArgument(f"model '{model.name}': onnxruntime cannot load {path}: {exc}") from None
+        active = session.get_providers()
+        on_gpu = any(p in active for p in GPU_PROVIDERS)
+        if place.gpu and not on_gpu:
+            if place.required:
+                raise Unsupported(
+                    f"model '{model.name}': KIND_GPU asked for, but onnxruntime fell back to {active} "
+                    "(CUDA provider failed to load)"
+                )
+            log.warning("model '%s': GPU providers failed to load; running on %s", model.name, active)
+        names_in = {i.name: i.type for i in session.get_inputs()}
+        names_out = [o.name for o in session.get_outputs()]
+        self._check_names("input", [t.name for t in model.inputs], list(names_in))
+        self._check_names("output", [t.name for t in model.outputs], names_out)
+        outputs = [t.name for t in model.outputs] or names_out
+        strings = frozenset(n for n, typ in names_in.items() if typ == "tensor(string)")
+        return OrtInstance(session, place if on_gpu else Placement("CPU"), outputs, strings, on_gpu)
+
+    def _check_names(self, what: str, configured: list[str], actual: list[str]) -> None:
+        unknown = [n for n in configured if n not in actual]
+        if unknown:
+            raise InvalidArgument(
+                f"model '{self.model.name}': config {what}(s) {unknown} not found in the ONNX model, "
+                f"whose {what}s are {actual}"
+            )
+
+    def execute(self, instance: OrtInstance, inputs: TensorMap) -> TensorMap:
+        feed = {
+            name: _to_ort(array) if name in instance.string_inputs else array
+            for name, array in inputs.items()
+        }
+        session = instance.session
+        if instance.io_binding:
+            binding = session.io_binding()
+            for name, array in feed.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            for name in instance.outputs:
+                binding.bind_output(name, "cuda", instance.place.device)
+            session.run_with_iobinding(binding)
+            results = binding.copy_outputs_to_cpu()
+        else:
+            results = session.run(instance.outputs, feed)
+        return {name: _from_ort(value) for name, value in zip(instance.outputs, results, strict=True)}

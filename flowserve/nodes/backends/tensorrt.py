@@ -1,0 +1,266 @@
+"""TensorRT backend (``tensorrt_plan`` platform, ``model.plan``). GPU only.
+
+Before anything touches TensorRT, the CUDA driver is probed (``libcuda.so.1`` + ``cuInit``):
+TensorRT's runtime created without CUDA crashes the process when asked to deserialize an
+engine, so without a GPU the model fails to load with a message naming the model, the
+backend and what is missing, and nothing else is disturbed. The full ``tensorrt`` package is
+used when installed, else the lean runtime (``tensorrt_lean``), which can run engines.
+
+Per instance: the engine deserialized once, one execution context and one CUDA stream, on the
+instance's GPU (its primary context made current on the instance's thread). Tensors are bound
+by name (``set_input_shape`` / ``set_tensor_address``, TensorRT 10's API); for dynamic shapes
+the first optimization profile whose [min, max] range holds the request's shapes is selected.
+Device buffers grow as needed and are reused. CUDA is driven through the driver API with
+ctypes, so no CUDA Python package is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
+from flowserve.core.node import TensorMap
+from flowserve.nodes.backends._support import gpu_count, model_file, no_gpu_reason, placement
+from flowserve.nodes.backends.base import BackendNode
+
+Shape = tuple[int, ...]
+# per profile: input name -> (min shape, max shape)
+Profiles = list[dict[str, tuple[Shape, Shape]]]
+
+
+def fits(shape: Shape, low: Shape, high: Shape) -> bool:
+    return len(shape) == len(low) == len(high) and all(
+        lo <= s <= hi for s, lo, hi in zip(shape, low, high, strict=True)
+    )
+
+
+def select_profile(shapes: dict[str, Shape], profiles: Profiles) -> int:
+    """Index of the first optimization profile that admits every input shape, else -1."""
+    for index, profile in enumerate(profiles):
+        if all(name not in profile or fits(shape, *profile[name]) for name, shape in shapes.items()):
+            return index
+    return -1
+
+
+class CudaDriver:
+    """The few CUDA driver calls the backend needs, through ctypes."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        self._lib = lib
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+        lib.cuMemcpyHtoDAsync_v2.argtypes = [
+            ctypes.c_uint64,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+        ]
+        lib.cuMemcpyDtoHAsync_v2.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_uint64,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+        ]
+        lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+        lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        lib.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
+        lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        self.check(lib.cuInit(0), "cuInit")
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise InternalError(f"CUDA driver call {what} failed with error {status}")
+
+    def use_device(self, device: int) -> ctypes.c_void_p:
+        ctx = ctypes.c_void_p()
+        self.check(self._lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
+        self.check(self._lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        return ctx
+
+    def release_device(self, device: int) -> None:
+        self._lib.cuDevicePrimaryCtxRelease_v2(device)
+
+    def stream(self) -> ctypes.c_void_p:
+        s = ctypes.c_void_p()
+        self.check(self._lib.cuStreamCreate(ctypes.byref(s), 0), "cuStreamCreate")
+        return s
+
+    def destroy_stream(self, stream: ctypes.c_void_p) -> None:
+        self._lib.cuStreamDestroy_v2(stream)
+
+    def alloc(self, nbytes: int) -> int:
+        ptr = ctypes.c_uint64()
+        self.check(self._lib.cuMemAlloc_v2(ctypes.byref(ptr), max(nbytes, 1)), "cuMemAlloc")
+        return int(ptr.value)
+
+    def free(self, ptr: int) -> None:
+        self._lib.cuMemFree_v2(ptr)
+
+    def to_device(self, dst: int, array: np.ndarray, stream: ctypes.c_void_p) -> None:
+        self.check(
+            self._lib.cuMemcpyHtoDAsync_v2(dst, array.ctypes.data, array.nbytes, stream), "cuMemcpyHtoDAsync"
+        )
+
+    def to_host(self, array: np.ndarray, src: int, stream: ctypes.c_void_p) -> None:
+        self.check(
+            self._lib.cuMemcpyDtoHAsync_v2(array.ctypes.data, src, array.nbytes, stream), "cuMemcpyDtoHAsync"
+        )
+
+    def sync(self, stream: ctypes.c_void_p) -> None:
+        self.check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+@dataclass
+class TrtInstance:
+    cuda: CudaDriver
+    device: int
+    engine: Any
+    context: Any
+    stream: ctypes.c_void_p
+    inputs: list[str]
+    outputs: list[str]
+    dtypes: dict[str, np.dtype[Any]]
+    profiles: Profiles
+    profile: int = 0
+    runtime: Any = None  # kept alive as long as its engine
+    buffers: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (ptr, bytes)
+
+
+def import_tensorrt(model: str) -> Any:
+    errors = []
+    for name in ("tensorrt", "tensorrt_lean"):
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    raise Unsupported(
+        f"model '{model}': backend 'tensorrt' needs TensorRT's Python runtime ('tensorrt' or "
+        f"'tensorrt_lean'), which cannot be imported here ({'; '.join(errors)}); install TensorRT "
+        "for this machine's CUDA version (pip install 'flowserve[tensorrt]' on a GPU machine)"
+    )
+
+
+class TensorRTBackend(BackendNode):
+    def load_instance(self, index: int) -> TrtInstance:
+        model = self.model
+        if gpu_count() == 0:  # before TensorRT is touched: its runtime crashes without CUDA
+            raise Unsupported(
+                f"model '{model.name}': backend 'tensorrt' runs only on an NVIDIA GPU, and there is "
+                f"none here: {no_gpu_reason()}"
+            )
+        place = placement(model, index, "tensorrt")
+        path = model_file(model, self.version_path, "model.plan")
+        trt = import_tensorrt(model.name)
+        cuda = CudaDriver()
+        cuda.use_device(place.device)
+        logger = trt.Logger(trt.Logger.WARNING)
+        runtime = trt.Runtime(logger)
+        engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if engine is None:
+            raise InvalidArgument(
+                f"model '{model.name}': TensorRT cannot deserialize {path} (built for another TensorRT "
+                "version or GPU?)"
+            )
+        context = engine.create_execution_context()
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if n not in inputs]
+        for n in inputs:
+            if engine.is_shape_inference_io(n):
+                raise Unsupported(f"model '{model.name}': shape tensor input '{n}' is not supported")
+        dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        profiles: Profiles = []
+        for p in range(engine.num_optimization_profiles):
+            profile = {}
+            for n in inputs:
+                low, _opt, high = engine.get_tensor_profile_shape(n, p)
+                profile[n] = (tuple(int(d) for d in low), tuple(int(d) for d in high))
+            profiles.append(profile)
+        self._check_names(inputs, outputs)
+        stream = cuda.stream()
+        if profiles:
+            context.set_optimization_profile_async(0, stream.value or 0)
+        return TrtInstance(
+            cuda, place.device, engine, context, stream, inputs, outputs, dtypes, profiles, runtime=runtime
+        )
+
+    def _check_names(self, inputs: list[str], outputs: list[str]) -> None:
+        for what, configured, actual in (
+            ("input", [t.name for t in self.model.inputs], inputs),
+            ("output", [t.name for t in self.model.outputs], outputs),
+        ):
+            unknown = [n for n in configured if n not in actual]
+            if unknown:
+                raise InvalidArgument(
+                    f"model '{self.model.name}': config {what}(s) {unknown} are not tensors of the "
+                    f"engine, whose {what}s are {actual}"
+                )
+
+    def _buffer(self, instance: TrtInstance, name: str, nbytes: int) -> int:
+        held = instance.buffers.get(name)
+        if held is not None and held[1] >= nbytes:
+            return held[0]
+        if held is not None:
+            instance.cuda.free(held[0])
+        ptr = instance.cuda.alloc(nbytes)
+        instance.buffers[name] = (ptr, nbytes)
+        return ptr
+
+    def execute(self, instance: TrtInstance, inputs: TensorMap) -> TensorMap:
+        cuda, context, stream = instance.cuda, instance.context, instance.stream
+        cuda.use_device(instance.device)
+        shapes = {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()}
+        if instance.profiles:
+            chosen = select_profile(shapes, instance.profiles)
+            if chosen < 0:
+                raise InvalidArgument(
+                    f"model '{self.model.name}': input shapes {shapes} fit no optimization profile of "
+                    f"the engine ({instance.profiles})"
+                )
+            if chosen != instance.profile:
+                context.set_optimization_profile_async(chosen, stream.value or 0)
+                instance.profile = chosen
+        for name in instance.inputs:
+            if name not in inputs:
+                raise InvalidArgument(f"model '{self.model.name}': engine input '{name}' is missing")
+            array = np.ascontiguousarray(inputs[name], dtype=instance.dtypes[name])
+            context.set_input_shape(name, array.shape)
+            ptr = self._buffer(instance, name, array.nbytes)
+            cuda.to_device(ptr, array, stream)
+            context.set_tensor_address(name, ptr)
+        results: TensorMap = {}
+        for name in instance.outputs:
+            shape = tuple(int(d) for d in context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise Unsupported(
+                    f"model '{self.model.name}': output '{name}' has a data-dependent shape {shape}"
+                )
+            host = np.empty(shape, dtype=instance.dtypes[name])
+            ptr = self._buffer(instance, name, host.nbytes)
+            context.set_tensor_address(name, ptr)
+            results[name] = host
+        if not context.execute_async_v3(stream.value or 0):
+            raise InternalError(f"model '{self.model.name}': TensorRT execution failed")
+        for name, host in results.items():
+            cuda.to_host(host, instance.buffers[name][0], stream)
+        cuda.sync(stream)
+        wanted = [t.name for t in self.model.outputs] or instance.outputs
+        return {n: results[n] for n in wanted}
+
+    def unload_instance(self, instance: TrtInstance) -> None:
+        instance.cuda.sync(instance.stream)
+        for ptr, _ in instance.buffers.values():
+            instance.cuda.free(ptr)
+        instance.buffers.clear()
+        instance.context = None
+        instance.engine = None
+        instance.cuda.destroy_stream(instance.stream)
+        instance.cuda.release_device(instance.device)
