@@ -9,6 +9,7 @@ compiled plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import networkx as nx
 
@@ -16,16 +17,19 @@ from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, SpecIssue, Unavailable
 from flowserve.core.node import Node
 from flowserve.graph.compile import compile_graph
-from flowserve.graph.plan import Plan, Signature
+from flowserve.graph.plan import Plan, PlanNode, Signature
 from flowserve.nodes.backends import backend_class
 from flowserve.nodes.backends.base import backend_signature
+from flowserve.nodes.batching import Batcher
 from flowserve.nodes.python import PythonNode, python_signature
+from flowserve.nodes.sequence import SequenceBatcher
 from flowserve.nodes.step import StepNode, step_signature
 from flowserve.nodes.switch import SwitchNode, switch_signature
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.repository import Scan
 from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph
+from flowserve.spec.sequence import sequence_from_config
 
 
 @dataclass
@@ -119,7 +123,8 @@ def build_nodes(
     for pnode in plan.nodes:
         spec = pnode.spec
         try:
-            nodes.append(_build(spec, plan, registry, model, version, stats, clock))
+            node = _build(spec, plan, registry, model, version, stats, clock)
+            nodes.append(_batched(node, pnode, model, stats, clock))
         except FlowserveError as exc:
             raise Unavailable(f"in graph '{plan.name}', node '{spec.name}': {exc.message}") from None
     return nodes
@@ -136,9 +141,39 @@ def _build(
 ) -> Node:
     if spec.kind == "backend":
         assert model is not None
-        return backend_class(model.backend, model.name)(model, version, stats, clock)
+        backend = backend_class(model.backend, model.name)(model, version, stats, clock, registry=registry)
+        sequence = sequence_from_config(model.config, Path(model.versions[version]).parent)
+        if sequence is not None:
+            return SequenceBatcher(backend, sequence, model.max_batch_size, clock)
+        return backend
     if spec.kind == "python":
         return PythonNode(spec, plan.name)
     if spec.kind == "switch":
         return SwitchNode(spec)
     return StepNode(spec.name, registry, spec.target, spec.version)
+
+
+def _batched(node: Node, pnode: PlanNode, model: ModelSpec | None, stats: ModelStats, clock: Clock) -> Node:
+    """Wrap ``node`` in a Batcher when it is configured to batch: a repository model with
+    ``dynamic_batching`` (its executions count in the model's stats), or a graph node with
+    ``batching:`` (``instances.count`` merged calls at once)."""
+    spec = pnode.spec
+    if spec.kind == "backend":
+        if model is None or model.batching is None:
+            return node
+        ragged = frozenset(t.name for t in model.inputs if t.allow_ragged_batch)
+        return Batcher(node, model.batching, clock=clock, ragged=ragged, stats=stats)
+    if spec.batching is None:
+        return node
+    if spec.kind == "switch":
+        raise InvalidArgument("a switch node cannot batch (its rows would take different branches)")
+    if isinstance(node, StepNode) and node.registry.has(node.target):
+        limit = node.registry.get(node.target, node.version).plan.max_batch_size
+        if 0 < limit < spec.batching.max_batch_size:
+            raise InvalidArgument(
+                f"batching.max_batch_size {spec.batching.max_batch_size} exceeds the max_batch_size "
+                f"{limit} of '{node.target}', which a merged batch must respect"
+            )
+    inputs = pnode.signature.inputs or {}
+    ragged = frozenset(n for n, t in inputs.items() if t is not None and t.allow_ragged_batch)
+    return Batcher(node, spec.batching, clock=clock, ragged=ragged, capacity=spec.instances.count)

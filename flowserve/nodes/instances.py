@@ -147,6 +147,12 @@ class InstancePool(Generic[T]):
             finally:
                 self._free.append(pair)
 
+    async def run_on(self, index: int, fn: Callable[[T, R], object], arg: R) -> object:
+        """Run ``fn(instance, arg)`` on instance ``index``'s thread (a sequence stays on one
+        instance). The caller keeps calls to one instance one at a time."""
+        instance, worker = self._all[index]
+        return await worker.call(fn, instance, arg)
+
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[tuple[T, Worker]]:
         """Hold a free instance (and its worker thread) for a whole streamed request."""

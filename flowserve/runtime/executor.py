@@ -45,6 +45,11 @@ def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
     return tuple(checks)
 
 
+def _own_stats(node: Node) -> NodeStats | None:
+    stats = getattr(node, "node_stats", None)
+    return stats if isinstance(stats, NodeStats) else None
+
+
 class Executor:
     """Runs tokens through one plan with its node objects (aligned with ``plan.nodes``)."""
 
@@ -52,7 +57,9 @@ class Executor:
         self.plan = plan
         self.nodes = nodes
         self.clock = clock
-        self.stats = [NodeStats() for _ in plan.nodes]
+        # a node that keeps statistics of its own (a batcher: queue, compute, batch sizes)
+        # shares them, so one NodeStats per node holds everything known about it
+        self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
         # switch nodes produce only the branch they take; every other node all it declares
         self._partial = [n.spec.kind == "switch" for n in plan.nodes]
@@ -183,15 +190,19 @@ class Executor:
         try:
             outputs = await self.nodes[index](inputs, ctx)
             self._check_outputs(index, outputs)
-        except (Exception, asyncio.CancelledError) as exc:
+        except asyncio.CancelledError:
+            # cancelled because a sibling failed or the caller went away: not this node's error
+            if span is not None and ctx.trace is not None:
+                span.end_ns, span.error = clock.now_ns(), "cancelled"
+                ctx.trace.append(span)
+            raise
+        except Exception as exc:
             stats.errors += 1
             error = NodeError(self.plan.name, plan_node.name, exc)
             stats.last_error = error.detail
             if span is not None and ctx.trace is not None:
                 span.end_ns, span.error = clock.now_ns(), error.detail
                 ctx.trace.append(span)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
             raise error from exc
         finally:
             stats.in_flight -= 1

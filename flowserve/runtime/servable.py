@@ -44,8 +44,8 @@ class Servable:
         stats = self.stats
         try:
             rows = validate_inputs(self.plan, inputs)
-        except Exception:
-            stats.record_request(False, clock.now_ns() - start)
+        except Exception as exc:
+            stats.record_request(False, clock.now_ns() - start, exc)
             raise
         cache = self.cache
         key = b""
@@ -61,8 +61,8 @@ class Servable:
         stats.pending += 1
         try:
             outputs = await self.executor.run(inputs, ctx)
-        except BaseException:
-            stats.record_request(False, clock.now_ns() - start)
+        except BaseException as exc:
+            stats.record_request(False, clock.now_ns() - start, exc)
             raise
         finally:
             stats.pending -= 1
@@ -73,7 +73,9 @@ class Servable:
         elapsed = clock.now_ns() - start
         if self.kind != "model":
             # a graph has no backend of its own to count executions; each request is one
+            # (and one queue entry: perf_analyzer finds the version whose queue count grew)
             stats.record_execution(rows, 0, elapsed, 0)
+            stats.queue.add(0)
         stats.record_request(True, elapsed)
         return outputs
 
@@ -85,21 +87,22 @@ class Servable:
         stats = self.stats
         try:
             rows = validate_inputs(self.plan, inputs)
-        except Exception:
-            stats.record_request(False, clock.now_ns() - start)
+        except Exception as exc:
+            stats.record_request(False, clock.now_ns() - start, exc)
             raise
         stats.pending += 1
         try:
             async for outputs in self.executor.stream(inputs, ctx):
                 yield outputs
-        except BaseException:
-            stats.record_request(False, clock.now_ns() - start)
+        except BaseException as exc:
+            stats.record_request(False, clock.now_ns() - start, exc)
             raise
         finally:
             stats.pending -= 1
         elapsed = clock.now_ns() - start
         if self.kind != "model":
             stats.record_execution(rows, 0, elapsed, 0)
+            stats.queue.add(0)
         stats.record_request(True, elapsed)
 
     async def stop(self) -> None:

@@ -7,9 +7,27 @@ batch sizes.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from flowserve.core.clock import wall_ms
+from flowserve.core.errors import ErrorCode, FlowserveError, NodeError
+
+# Triton's failure reasons (the ``reason`` label of nv_inference_request_failure)
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def failure_reason(exc: BaseException | None) -> str:
+    """Triton's reason for a failed request: REJECTED (queue full, timed out), CANCELED,
+    BACKEND (a node failed while running) or OTHER (e.g. the request was invalid)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELED"
+    code = exc.code if isinstance(exc, FlowserveError) else None  # a NodeError has its cause's code
+    if code is ErrorCode.CANCELLED:
+        return "CANCELED"
+    if code is ErrorCode.UNAVAILABLE:
+        return "REJECTED"
+    return "BACKEND" if isinstance(exc, NodeError) else "OTHER"
 
 
 @dataclass(slots=True)
@@ -43,13 +61,19 @@ class ExecStats:
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStat] = field(default_factory=dict)
 
-    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """One execution of ``batch_size`` rows (or requests) with its phase durations."""
+    def record_execution(
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, requests: int = 1
+    ) -> None:
+        """One execution of ``batch_size`` rows (or requests) with its phase durations.
+
+        ``requests``: how many requests the execution served (a dynamic batch merges several).
+        As in Triton, the compute durations count once per request (each request spent the
+        batch's time) while ``batches`` counts once per execution."""
         self.inference_count += batch_size
         self.execution_count += 1
-        self.compute_input.add(input_ns)
-        self.compute_infer.add(infer_ns)
-        self.compute_output.add(output_ns)
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
         stat = self.batches.get(batch_size)
         if stat is None:
             stat = self.batches[batch_size] = BatchStat()
@@ -69,9 +93,15 @@ class ModelStats(ExecStats):
     cache_miss: Duration = field(default_factory=Duration)
     last_inference_ms: int = 0
     pending: int = 0
+    # failed requests by Triton's failure reason (REJECTED, CANCELED, BACKEND, OTHER)
+    fail_reasons: dict[str, int] = field(default_factory=dict)
 
-    def record_request(self, ok: bool, ns: int) -> None:
+    def record_request(self, ok: bool, ns: int, error: BaseException | None = None) -> None:
+        """Count one request; a failure is also counted under Triton's reason for ``error``."""
         (self.success if ok else self.fail).add(ns)
+        if not ok:
+            reason = failure_reason(error)
+            self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
         self.last_inference_ms = wall_ms()
 
 

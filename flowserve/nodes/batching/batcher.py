@@ -1,0 +1,289 @@
+"""The batcher: a node that wraps another node and feeds it batches (house rule 1: wrap).
+
+::
+
+    batcher = Batcher(inner, spec, clock=clock)   # inner: any Node; spec: a BatchingSpec
+    await batcher.start()                         # starts inner, then the batching task
+    outputs = await batcher(inputs, ctx)          # queued; resolved with exactly this request's rows
+    await batcher.stop()                          # stops the task, fails what is queued, stops inner
+
+A call queues its request (failing at once with UNAVAILABLE when its priority level or the
+batcher is full) and awaits a future. One background task, started by ``start`` and cancelled
+and awaited by ``stop``, loops:
+
+1. apply queue timeouts (REJECT fails the request with "Request timeout expired"; DELAY
+   moves it back);
+2. while an instance is free, ask the pure policy (:func:`~.policy.decide`) which requests form
+   the next batch, and run it on that instance as a child task of the loop's TaskGroup, so N
+   instances run N batches at once;
+3. sleep until a request arrives, an instance frees, the policy's delay ends or a timeout is due.
+
+A batch's results go back to its callers as soon as it finishes or, with ``preserve_ordering``,
+once every batch formed before it has finished. Every executed batch is counted in
+``node_stats`` and, for a repository model, in its ``ModelStats`` as Triton does: queue time
+per request, one execution of ``rows`` inferences, compute time per request and per batch size.
+
+Times come from the injected clock. The asyncio waits derive from it, so with a
+:class:`~flowserve.core.clock.FakeClock` a test moves the clock and calls :meth:`Batcher.wake`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
+from flowserve.core.node import Context, Node, TensorMap
+from flowserve.nodes.batching.policy import Take, decide, policy_from_spec
+from flowserve.nodes.batching.queues import Entry, PriorityQueue, levels_from_spec
+from flowserve.nodes.batching.runners import BatchExecutor, BatchRunner, InstanceRunner, NodeRunner, Phases
+from flowserve.nodes.batching.tensors import request_key, request_rows
+from flowserve.runtime.stats import ModelStats, NodeStats
+from flowserve.spec.schema import BatchingSpec
+
+log = logging.getLogger("flowserve")
+
+# requests one batcher holds when its queue policies set no smaller bound (house rule 5)
+DEFAULT_MAX_QUEUED = 65536
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    inputs: TensorMap
+    ctx: Context
+    future: asyncio.Future[TensorMap]
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    entries: list[Entry[_Call]]
+    outcome: list[TensorMap] | BaseException | None = None
+
+
+class Batcher(Node):
+    """Dynamic batching in front of ``inner`` (Triton's ``dynamic_batching`` semantics).
+
+    ``runner`` defaults to running batches through the inner node's instances when it has them
+    (a BackendNode), else through its ``__call__`` with ``capacity`` merged calls at once.
+    ``ragged`` names inputs that allow ragged batching. ``stats``, when given, is the model's
+    ModelStats to count executions in.
+    """
+
+    def __init__(
+        self,
+        inner: Node,
+        spec: BatchingSpec,
+        *,
+        clock: Clock = MONOTONIC,
+        ragged: frozenset[str] = frozenset(),
+        capacity: int = 1,
+        runner: BatchRunner | None = None,
+        stats: ModelStats | None = None,
+        max_queued: int | None = None,
+    ) -> None:
+        if inner.decoupled:
+            raise InvalidArgument(
+                f"node '{inner.name}' is decoupled: its responses cannot be split back by rows, "
+                "so it cannot batch"
+            )
+        self.name = inner.name
+        self.inner = inner
+        self.spec = spec
+        self.clock = clock
+        self.ragged = ragged
+        self.policy = policy_from_spec(spec)
+        levels, default_level = levels_from_spec(spec)
+        bound = max_queued or max(DEFAULT_MAX_QUEUED, sum(p.max_queue_size for p in levels))
+        self._queue: PriorityQueue[_Call] = PriorityQueue(levels, default_level, bound)
+        if runner is None:
+            if isinstance(inner, BatchExecutor):
+                runner = InstanceRunner(inner, clock)
+            else:
+                runner = NodeRunner(inner, clock, ragged, capacity)
+        self.runner = runner
+        self.model_stats = stats
+        self.node_stats = NodeStats()
+        self._preserve = spec.preserve_ordering
+        self._order: deque[_Batch] = deque()
+        self._wake = asyncio.Event()
+        self._free = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the queue (not yet in a batch)."""
+        return len(self._queue)
+
+    @property
+    def free_instances(self) -> int:
+        return self._free
+
+    # ------------------------------------------------------------------ lifespan
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self._free = self.runner.capacity
+        self._task = asyncio.create_task(self._loop(), name=f"batcher:{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        stopped = Unavailable(f"'{self.name}' stopped before the request was scheduled")
+        for entry in self._queue.drain():
+            _fail(entry.payload.future, stopped)
+        self._order.clear()
+        await self.inner.stop()
+
+    def wake(self) -> None:
+        """Look at the queue again now (after a fake clock moved, in tests)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ requests
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        if self._task is None:
+            raise Unavailable(f"'{self.name}' is not accepting requests: its batcher is not running")
+        rows = request_rows(inputs, self.name)
+        key = request_key(inputs, self.ragged)
+        future: asyncio.Future[TensorMap] = asyncio.get_running_loop().create_future()
+        call = _Call(inputs, ctx, future)
+        now = self.clock.now_ns()
+        entry = self._queue.push(call, rows, key, now, ctx.priority, _timeout_us(ctx))
+        self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._queue.remove(entry)
+            raise
+
+    # ------------------------------------------------------------------ the batching task
+
+    async def _loop(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            while True:
+                self._wake.clear()
+                now = self.clock.now_ns()
+                try:
+                    wake_at, again = self._schedule(now, group)
+                except Exception as exc:  # a bug here must not strand the callers
+                    log.exception("batcher of '%s' failed", self.name)
+                    failed = InternalError(f"batcher of node '{self.name}' failed: {exc!r}")
+                    for entry in self._queue.drain():
+                        _fail(entry.payload.future, failed)
+                    continue
+                if not again:
+                    await self._sleep(wake_at, now)
+
+    def _schedule(self, now: int, group: asyncio.TaskGroup) -> tuple[int | None, bool]:
+        """Expire, then dispatch one batch if possible; returns (when to look again, at once?)."""
+        queue = self._queue
+        for entry in queue.expire(now):
+            _fail(entry.payload.future, Unavailable("Request timeout expired"))
+        wake_at = queue.next_timeout()
+        if self._free and len(queue):
+            decision = decide(queue, now, self.policy)
+            if isinstance(decision, Take):
+                self._dispatch(queue.pop(decision.count), group)
+                return None, True
+            if decision is not None:
+                wake_at = decision.until_ns if wake_at is None else min(wake_at, decision.until_ns)
+        return wake_at, False
+
+    async def _sleep(self, wake_at: int | None, now: int) -> None:
+        if wake_at is None:
+            await self._wake.wait()
+            return
+        if wake_at <= now:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout((wake_at - now) / 1e9):
+                await self._wake.wait()
+
+    def _dispatch(self, entries: list[Entry[_Call]], group: asyncio.TaskGroup) -> None:
+        self._free -= 1
+        batch = _Batch(entries)
+        if self._preserve:
+            self._order.append(batch)
+        group.create_task(self._run(batch))
+
+    async def _run(self, batch: _Batch) -> None:
+        """Run one batch on a free instance; never raises but for cancellation."""
+        calls = [e.payload for e in batch.entries]
+        rows = [e.rows for e in batch.entries]
+        phases = Phases()
+        try:
+            results = await self.runner.run([c.inputs for c in calls], rows, _batch_context(calls), phases)
+            self._record(batch.entries, phases)
+            batch.outcome = results
+        except asyncio.CancelledError:
+            batch.outcome = Unavailable(f"'{self.name}' stopped while the request was running")
+            raise
+        except Exception as exc:
+            batch.outcome = exc
+        finally:
+            self._free += 1
+            self._wake.set()
+            self._finish(batch)
+
+    def _finish(self, batch: _Batch) -> None:
+        if not self._preserve:
+            _resolve(batch)
+            return
+        order = self._order
+        while order and order[0].outcome is not None:
+            _resolve(order.popleft())
+
+    def _record(self, entries: list[Entry[_Call]], phases: Phases) -> None:
+        requests = len(entries)
+        rows = sum(e.rows for e in entries)
+        queue_ns = sum(phases.start_ns - e.enqueued_ns for e in entries)
+        input_ns = phases.infer_start_ns - phases.start_ns
+        infer_ns = phases.infer_end_ns - phases.infer_start_ns
+        output_ns = phases.end_ns - phases.infer_end_ns
+        for stats in (self.node_stats, self.model_stats):
+            if stats is not None:
+                stats.queue.add(queue_ns, requests)
+                stats.record_execution(rows, input_ns, infer_ns, output_ns, requests=requests)
+
+
+def _timeout_us(ctx: Context) -> int | None:
+    """The request's ``timeout`` parameter (microseconds), when it sets one."""
+    value = ctx.parameters.get("timeout") if ctx.parameters else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _batch_context(calls: list[_Call]) -> Context:
+    """The context a merged call runs with: the first request's, with the latest deadline."""
+    head = calls[0].ctx
+    if len(calls) == 1:
+        return head
+    deadlines = [c.ctx.deadline_ns for c in calls]
+    latest = None if None in deadlines else max(d for d in deadlines if d is not None)
+    return Context(
+        request_id=head.request_id, parameters=head.parameters, deadline_ns=latest, priority=head.priority
+    )
+
+
+def _resolve(batch: _Batch) -> None:
+    outcome = batch.outcome
+    for index, entry in enumerate(batch.entries):
+        future = entry.payload.future
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        elif outcome is not None:
+            future.set_result(outcome[index])
+
+
+def _fail(future: asyncio.Future[TensorMap], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,140 @@
+"""Merge the rows of several requests along the batch axis (axis 0) and split them back.
+
+A request's *rows* are the first dimension of its inputs (they must agree). Its *key* is what
+must be equal for two requests to share a batch: input names, datatypes and non-batch shapes.
+An input that allows ragged batching keys on its name and datatype only; it is merged the way
+Triton hands ragged inputs to a model, as the flat concatenation of every request's elements.
+
+:func:`split_rows` gives each request exactly the rows it brought; an output with any other row
+count is an :class:`InternalError` naming the node, never a silent mis-split.
+
+Example::
+
+    >>> import numpy as np
+    >>> batch = [{"x": np.zeros((2, 3))}, {"x": np.ones((1, 3))}]
+    >>> merged = merge_rows(batch)
+    >>> merged["x"].shape
+    (3, 3)
+    >>> [p["x"].shape for p in split_rows(merged, [2, 1], "net")]
+    [(2, 3), (1, 3)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from flowserve.core.errors import InternalError, InvalidArgument
+from flowserve.core.node import TensorMap
+
+# per input, sorted by name: (name, datatype, non-batch shape or None when ragged)
+Key = tuple[tuple[str, str, tuple[int, ...] | None], ...]
+
+_NO_RAGGED: frozenset[str] = frozenset()
+
+
+def request_rows(inputs: TensorMap, node: str) -> int:
+    """The batch size of one request: the first dimension every input shares."""
+    if not inputs:
+        raise InvalidArgument(f"node '{node}' batches requests by rows, but this one has no inputs")
+    rows = -1
+    for name, array in inputs.items():
+        if not isinstance(array, np.ndarray) or array.ndim == 0:
+            raise InvalidArgument(
+                f"node '{node}' batches along the first dimension, but input '{name}' has none"
+            )
+        if rows not in (-1, array.shape[0]):
+            raise InvalidArgument(
+                f"inputs of node '{node}' disagree on the batch size: input '{name}' has "
+                f"{array.shape[0]} rows, another input has {rows}"
+            )
+        rows = array.shape[0]
+    return rows
+
+
+def _datatype(array: np.ndarray) -> str:
+    # BYTES arrive as object, bytes_ or str_ arrays of any width: one datatype, they concatenate
+    return "BYTES" if array.dtype.kind in "OSU" else array.dtype.str
+
+
+def request_key(inputs: TensorMap, ragged: frozenset[str] = _NO_RAGGED) -> Key:
+    """What two requests must share to be merged into one batch."""
+    return tuple(
+        sorted(
+            (name, _datatype(a), None if name in ragged else tuple(a.shape[1:])) for name, a in inputs.items()
+        )
+    )
+
+
+def merge_rows(batch: Sequence[TensorMap], ragged: frozenset[str] = _NO_RAGGED) -> TensorMap:
+    """One request's worth of tensors holding every request's rows, in order.
+
+    The requests must have equal keys (the policy guarantees it). Ragged inputs become the flat
+    concatenation of their elements."""
+    if len(batch) == 1 and not ragged:
+        return batch[0]
+    merged: TensorMap = {}
+    for name in batch[0]:
+        parts = [request[name] for request in batch]
+        if name in ragged:
+            parts = [p.reshape(-1) for p in parts]
+        merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return merged
+
+
+def split_rows(outputs: TensorMap, rows: Sequence[int], node: str) -> list[TensorMap]:
+    """Cut a merged batch's outputs back into one TensorMap per request (views, in order)."""
+    if not isinstance(outputs, dict):
+        raise InternalError(f"node '{node}' returned {type(outputs).__name__}, expected a dict of tensors")
+    total = sum(rows)
+    for name, array in outputs.items():
+        if _rows_of(array) != total:
+            raise InternalError(
+                f"node '{node}': output '{name}' has {_rows_text(array)} but the batch merged {total} rows "
+                f"from {len(rows)} requests (a batched node must return one output row per input row)"
+            )
+    if len(rows) == 1:
+        return [outputs]
+    parts: list[TensorMap] = []
+    start = 0
+    for count in rows:
+        stop = start + count
+        parts.append({name: array[start:stop] for name, array in outputs.items()})
+        start = stop
+    return parts
+
+
+def check_split(results: Sequence[TensorMap], rows: Sequence[int], node: str) -> list[TensorMap]:
+    """Verify per-request results (a backend's ``execute_batch``): one per request, its rows each."""
+    if not isinstance(results, list | tuple) or len(results) != len(rows):
+        got = len(results) if isinstance(results, list | tuple) else type(results).__name__
+        raise InternalError(f"node '{node}' returned {got} results for a batch of {len(rows)} requests")
+    for index, (result, want) in enumerate(zip(results, rows, strict=True)):
+        if not isinstance(result, dict):
+            raise InternalError(
+                f"node '{node}' returned {type(result).__name__} for request {index} of a batch, "
+                "expected a dict of tensors"
+            )
+        for name, array in result.items():
+            if _rows_of(array) != want:
+                raise InternalError(
+                    f"node '{node}': output '{name}' of request {index} in a batch has {_rows_text(array)}, "
+                    f"the request has {want}"
+                )
+    return list(results)
+
+
+def _rows_of(array: object) -> int | None:
+    if isinstance(array, np.ndarray) and array.ndim > 0:
+        return int(array.shape[0])
+    return None
+
+
+def _rows_text(array: object) -> str:
+    rows = _rows_of(array)
+    if rows is not None:
+        return f"{rows} rows"
+    if isinstance(array, np.ndarray):
+        return "no batch dimension (a scalar)"
+    return f"no rows (a {type(array).__name__}, not an array)"

@@ -1,0 +1,261 @@
+"""The sequence batcher: stateful models, Triton's ``sequence_batching`` semantics.
+
+Every request carries a correlation id (``sequence_id``: a non-zero uint64 or a non-empty
+string) and START/END flags. All requests of a sequence go to the same instance, one at a time
+and in arrival order; the batcher feeds the model its control tensors (START, END, READY,
+CORRID, as configured) and carries implicit state (a state output of request i is the state
+input of request i+1, reset at START). A sequence holds a slot from START to END; when every
+slot is taken, new sequences wait for one. A sequence idle longer than
+``max_sequence_idle_microseconds`` is released, and its next request gets a clear error.
+
+Requests of different sequences that are waiting for the same instance run as one batch
+(one row each), as Triton does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.datatypes import to_numpy
+from flowserve.core.errors import InvalidArgument
+from flowserve.core.node import Context, Node, TensorMap
+from flowserve.nodes.backends.base import BackendNode
+from flowserve.spec.sequence import SequenceSpec
+
+
+def correlation_id(name: str, parameters: Any) -> tuple[int | str, bool, bool]:
+    """(id, start, end) from a request's parameters; InvalidArgument when the id is missing."""
+    corr = parameters.get("sequence_id", 0) if parameters else 0
+    if isinstance(corr, bool) or not isinstance(corr, int | str) or corr in (0, ""):
+        raise InvalidArgument(
+            f"inference request to model '{name}' must specify a non-zero or non-empty correlation ID"
+        )
+    return corr, bool(parameters.get("sequence_start", False)), bool(parameters.get("sequence_end", False))
+
+
+@dataclass(eq=False)
+class Sequence:
+    corr: int | str
+    instance: int
+    last_ns: int
+    state: TensorMap = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    busy: int = 0
+
+
+@dataclass(eq=False)
+class Pending:
+    seq: Sequence
+    inputs: TensorMap
+    start: bool
+    end: bool
+    future: asyncio.Future[TensorMap]
+    queued_ns: int = 0
+
+
+class SequenceBatcher(Node):
+    """Wraps a backend node of a stateful model."""
+
+    def __init__(
+        self, inner: BackendNode, spec: SequenceSpec, max_batch_size: int, clock: Clock = MONOTONIC
+    ) -> None:
+        self.name = inner.name
+        self.inner = inner
+        self.spec = spec
+        self.clock = clock
+        self.max_batch_size = max_batch_size
+        self.rows = max(max_batch_size, 1)
+        self._active: dict[int | str, Sequence] = {}
+        self._expired: OrderedDict[int | str, None] = OrderedDict()
+        self._queues: list[list[Pending]] = []
+        self._wake: list[asyncio.Event] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._slot_freed = asyncio.Condition()
+
+    @property
+    def capacity(self) -> int:
+        """How many sequences may be active at once."""
+        instances = max(len(self._queues), 1)
+        if self.spec.strategy == "oldest" and self.spec.max_candidate_sequences > 0:
+            return self.spec.max_candidate_sequences
+        return instances * self.rows
+
+    async def start(self) -> None:
+        await self.inner.start()
+        count = len(self.inner.pool.instances)
+        self._queues = [[] for _ in range(count)]
+        self._wake = [asyncio.Event() for _ in range(count)]
+        self._tasks = [
+            asyncio.create_task(self._dispatch(i), name=f"{self.name}-sequence-{i}") for i in range(count)
+        ]
+        self._tasks.append(asyncio.create_task(self._reap(), name=f"{self.name}-sequence-reaper"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.inner.stop()
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        corr, start, end = correlation_id(self.name, ctx.parameters)
+        seq = await self._sequence(corr, start)
+        seq.busy += 1
+        try:
+            async with seq.lock:  # one request of a sequence at a time, in arrival order
+                future: asyncio.Future[TensorMap] = asyncio.get_running_loop().create_future()
+                pending = Pending(seq, inputs, start, end, future, self.clock.now_ns())
+                self._queues[seq.instance].append(pending)
+                self._wake[seq.instance].set()
+                outputs = await future
+        finally:
+            seq.busy -= 1
+            seq.last_ns = self.clock.now_ns()
+        if end:
+            await self._release(corr)
+        return outputs
+
+    async def _sequence(self, corr: int | str, start: bool) -> Sequence:
+        seq = self._active.get(corr)
+        if seq is not None:
+            if start:
+                seq.state = {}  # a new START restarts the sequence
+            return seq
+        if not start:
+            why = (
+                f"sequence {corr!r} was released after being idle for more than "
+                f"{self.spec.max_sequence_idle_us} us; "
+                if corr in self._expired
+                else ""
+            )
+            raise InvalidArgument(
+                f"inference request for sequence {corr!r} to model '{self.name}' must specify the "
+                f"START flag on the first request of the sequence ({why}no active sequence has this id)"
+            )
+        async with self._slot_freed:
+            await self._slot_freed.wait_for(lambda: len(self._active) < self.capacity)
+            seq = self._active.get(corr)
+            if seq is None:
+                load = [0] * len(self._queues)
+                for other in self._active.values():
+                    load[other.instance] += 1
+                instance = min(range(len(load)), key=load.__getitem__)
+                seq = self._active[corr] = Sequence(corr, instance, self.clock.now_ns())
+            self._expired.pop(corr, None)
+            return seq
+
+    async def _release(self, corr: int | str) -> None:
+        async with self._slot_freed:
+            self._active.pop(corr, None)
+            self._slot_freed.notify_all()
+
+    async def _reap(self) -> None:
+        idle_ns = self.spec.max_sequence_idle_us * 1000
+        period = min(max(self.spec.max_sequence_idle_us / 2e6, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock.now_ns()
+            for corr, seq in list(self._active.items()):
+                if seq.busy == 0 and now - seq.last_ns > idle_ns:
+                    self._expired[corr] = None
+                    while len(self._expired) > 4096:
+                        self._expired.popitem(last=False)
+                    await self._release(corr)
+
+    async def _dispatch(self, instance: int) -> None:
+        queue = self._queues[instance]
+        wake = self._wake[instance]
+        while True:
+            await wake.wait()
+            wake.clear()
+            while queue:
+                batch = queue[: self.rows]
+                del queue[: len(batch)]
+                await self._run(instance, batch)
+
+    async def _run(self, instance: int, batch: list[Pending]) -> None:
+        ready = []
+        rows = []
+        for p in batch:
+            try:
+                rows.append(self._model_inputs(p))
+                ready.append(p)
+            except Exception as exc:
+                p.future.set_exception(exc)
+        batch = ready
+        if not batch:
+            return
+        start = self.clock.now_ns()
+        try:
+            results = await self._execute(instance, rows)
+        except Exception as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        stats = self.inner.stats
+        for p in batch:
+            stats.queue.add(start - p.queued_ns)
+        stats.record_execution(len(batch), 0, self.clock.now_ns() - start, 0, requests=len(batch))
+        state_outputs = {s.output_name for s in self.spec.states}
+        for p, out in zip(batch, results, strict=True):
+            for st in self.spec.states:
+                if st.output_name in out:
+                    p.seq.state[st.input_name] = out[st.output_name]
+            if not p.future.done():
+                p.future.set_result({k: v for k, v in out.items() if k not in state_outputs})
+
+    async def _execute(self, instance: int, rows: list[TensorMap]) -> list[TensorMap]:
+        # rows of equal shapes run as one batch; others one by one
+        shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(r.items())) for r in rows}
+        if len(shapes) == 1 and self.max_batch_size > 0:
+            return await self.inner.pool.run_on(instance, self.inner.execute_batch, rows)  # type: ignore[return-value]
+        return [
+            (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0]  # type: ignore[index]
+            for r in rows
+        ]
+
+    def _model_inputs(self, p: Pending) -> TensorMap:
+        inputs = dict(p.inputs)
+        lead = (1,) if self.max_batch_size > 0 else ()
+        for c in self.spec.controls:
+            if c.kind == "START":
+                value = c.values[1] if p.start else c.values[0]
+            elif c.kind == "END":
+                value = c.values[1] if p.end else c.values[0]
+            elif c.kind == "READY":
+                value = c.values[1]
+            else:
+                value = p.seq.corr
+                if isinstance(value, str) and c.datatype != "BYTES":
+                    raise InvalidArgument(
+                        f"sequence id {value!r} is a string, but model '{self.name}' takes its CORRID "
+                        f"control '{c.name}' as {c.datatype}: use an integer id, or TYPE_STRING"
+                    )
+            dtype = to_numpy(c.datatype)
+            array = (
+                np.empty((*lead, 1), dtype=dtype) if dtype.kind == "O" else np.zeros((*lead, 1), dtype=dtype)
+            )
+            array[...] = str(value).encode() if dtype.kind == "O" else value
+            inputs[c.name] = array
+        for st in self.spec.states:
+            state = None if p.start else p.seq.state.get(st.input_name)
+            if state is None:
+                state = self._initial_state(st.datatype, st.dims, st.initial)
+            inputs[st.input_name] = state
+        return inputs
+
+    def _initial_state(self, datatype: str, dims: tuple[int, ...], initial: np.ndarray | None) -> np.ndarray:
+        lead = (1,) if self.max_batch_size > 0 else ()
+        if initial is not None:
+            return initial.reshape((*lead, *initial.shape))
+        return np.zeros((*lead, *(max(d, 1) for d in dims)), dtype=to_numpy(datatype))
