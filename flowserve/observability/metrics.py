@@ -1,0 +1,277 @@
+"""Prometheus metrics on the metrics port (GET /metrics), read from the statistics at scrape time.
+
+Nothing is counted on the request path for this: :class:`EngineCollector` walks the registry's
+servables when Prometheus scrapes and turns their cumulative statistics into series, with
+Triton's names and labels (``model``, ``version``; ``reason`` on failures) so Triton dashboards
+work unchanged, plus flowserve's series for every node of every graph (labels ``model``,
+``version``, ``node``, ``kind``)::
+
+    nv_inference_request_success{model="fanout",version="1"} 3
+    flowserve_node_calls{model="fanout",version="1",node="join",kind="python"} 3
+
+Counters keep Triton's names (no ``_total`` suffix) and durations are microseconds, as in
+Triton. The exposition is Prometheus' text format 0.0.4.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
+
+from flowserve.dataplane.plane import DataPlane
+from flowserve.graph.plan import PlanNode
+from flowserve.observability.httpserver import ASGIApp, AsgiListener, Receive, Scope, Send
+from flowserve.observability.snapshot import node_exec
+from flowserve.runtime.servable import Servable
+from flowserve.runtime.stats import FAILURE_REASONS, Duration, NodeStats
+
+MODEL_LABELS = ("model", "version")
+NODE_LABELS = ("model", "version", "node", "kind")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def _us(d: Duration) -> int:
+    return d.ns // 1000
+
+
+class _Family:
+    """One metric family being filled: a name, a type, label names, samples."""
+
+    def __init__(self, name: str, doc: str, typ: str, labels: tuple[str, ...]) -> None:
+        self.metric = Metric(name, doc, typ)
+        self.name = name
+        self.labels = labels
+
+    def add(self, values: tuple[str, ...], value: float, suffix: str = "", **extra: str) -> None:
+        labels = dict(zip(self.labels, values, strict=True))
+        labels.update(extra)
+        self.metric.add_sample(self.name + suffix, labels, value)
+
+
+def _model_families() -> dict[str, _Family]:
+    spec = [
+        ("nv_inference_request_success", "counter", "Number of successful inference requests"),
+        ("nv_inference_count", "counter", "Number of inferences performed (each batch element counts)"),
+        ("nv_inference_exec_count", "counter", "Number of model executions performed"),
+        ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in us"),
+        ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in us"),
+        (
+            "nv_inference_compute_input_duration_us",
+            "counter",
+            "Cumulative compute input duration in us",
+        ),
+        (
+            "nv_inference_compute_infer_duration_us",
+            "counter",
+            "Cumulative compute inference duration in us",
+        ),
+        (
+            "nv_inference_compute_output_duration_us",
+            "counter",
+            "Cumulative inference compute output duration in us",
+        ),
+        ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests"),
+        ("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model"),
+        ("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
+        ("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model in us"),
+        ("nv_cache_miss_duration_per_model", "counter", "Total cache miss duration per model in us"),
+    ]
+    families = {name: _Family(name, doc, typ, MODEL_LABELS) for name, typ, doc in spec}
+    families["nv_inference_request_failure"] = _Family(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes",
+        "counter",
+        MODEL_LABELS,
+    )
+    return families
+
+
+def _node_families() -> dict[str, _Family]:
+    spec = [
+        ("flowserve_node_calls", "counter", "Number of times a node of a graph was started"),
+        ("flowserve_node_errors", "counter", "Number of node runs that failed"),
+        ("flowserve_node_skipped", "counter", "Number of requests for which the node was skipped (branch)"),
+        ("flowserve_node_in_flight", "gauge", "Tokens inside the node now"),
+        ("flowserve_node_duration_us", "counter", "Cumulative time tokens spent in the node in us"),
+        ("flowserve_node_queue_duration_us", "counter", "Cumulative queuing time in the node in us"),
+        ("flowserve_node_compute_duration_us", "counter", "Cumulative compute time of the node in us"),
+        ("flowserve_node_inference_count", "counter", "Rows (batch elements) the node computed"),
+        ("flowserve_node_exec_count", "counter", "Executions (batches) the node ran"),
+    ]
+    families = {name: _Family(name, doc, typ, NODE_LABELS) for name, typ, doc in spec}
+    families["flowserve_node_batch_size"] = _Family(
+        "flowserve_node_batch_size",
+        "Executions of the node by batch size (rows per execution)",
+        "histogram",
+        NODE_LABELS,
+    )
+    return families
+
+
+class EngineCollector:
+    """A prometheus-client collector over a data plane's engine, read at scrape time."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    def collect(self) -> Iterator[Metric]:
+        registry = self.plane.engine.registry
+        servables = sorted(registry.servables(), key=lambda s: (s.name, s.version))
+        models = _model_families()
+        nodes = _node_families()
+        for servable in servables:
+            self._model(servable, models)
+            for plan_node, stats in zip(servable.plan.nodes, servable.executor.stats, strict=True):
+                self._node(servable, plan_node, stats, nodes)
+        state = _Family("flowserve_model_state", "Load state of each model version", "gauge", ())
+        for status in registry.index():
+            state.add((), 1, model=status.name, version=status.version, state=status.state.value)
+        for family in (*models.values(), state, *nodes.values()):
+            yield family.metric
+
+    @staticmethod
+    def _model(servable: Servable, f: dict[str, _Family]) -> None:
+        s = servable.stats
+        key = (servable.name, str(servable.version))
+        f["nv_inference_request_success"].add(key, s.success.count)
+        for reason in FAILURE_REASONS:
+            f["nv_inference_request_failure"].add(key, s.fail_reasons.get(reason, 0), reason=reason)
+        f["nv_inference_count"].add(key, s.inference_count)
+        f["nv_inference_exec_count"].add(key, s.execution_count)
+        f["nv_inference_request_duration_us"].add(key, _us(s.success))
+        f["nv_inference_queue_duration_us"].add(key, _us(s.queue))
+        f["nv_inference_compute_input_duration_us"].add(key, _us(s.compute_input))
+        f["nv_inference_compute_infer_duration_us"].add(key, _us(s.compute_infer))
+        f["nv_inference_compute_output_duration_us"].add(key, _us(s.compute_output))
+        f["nv_inference_pending_request_count"].add(key, s.pending)
+        f["nv_cache_num_hits_per_model"].add(key, s.cache_hit.count)
+        f["nv_cache_num_misses_per_model"].add(key, s.cache_miss.count)
+        f["nv_cache_hit_duration_per_model"].add(key, _us(s.cache_hit))
+        f["nv_cache_miss_duration_per_model"].add(key, _us(s.cache_miss))
+
+    @staticmethod
+    def _node(servable: Servable, node: PlanNode, stats: NodeStats, f: dict[str, _Family]) -> None:
+        key = (servable.name, str(servable.version), node.name, node.spec.kind)
+        ex = node_exec(servable, node, stats)
+        f["flowserve_node_calls"].add(key, stats.calls)
+        f["flowserve_node_errors"].add(key, stats.errors)
+        f["flowserve_node_skipped"].add(key, stats.skipped)
+        f["flowserve_node_in_flight"].add(key, stats.in_flight)
+        f["flowserve_node_duration_us"].add(key, _us(stats.total))
+        f["flowserve_node_queue_duration_us"].add(key, _us(ex.queue))
+        compute = ex.compute_input.ns + ex.compute_infer.ns + ex.compute_output.ns
+        f["flowserve_node_compute_duration_us"].add(key, compute // 1000)
+        f["flowserve_node_inference_count"].add(key, ex.inference_count)
+        f["flowserve_node_exec_count"].add(key, ex.execution_count)
+        hist = f["flowserve_node_batch_size"]
+        executions = {size: b.compute_infer.count for size, b in ex.batches.items()}
+        for bound in BATCH_BUCKETS:
+            count = sum(n for size, n in executions.items() if size <= bound)
+            hist.add(key, count, "_bucket", le=str(bound))
+        hist.add(key, sum(executions.values()), "_bucket", le="+Inf")
+        hist.add(key, sum(executions.values()), "_count")
+        hist.add(key, sum(size * n for size, n in executions.items()), "_sum")
+
+
+# ----------------------------------------------------------------------------- exposition
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _value(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == int(v) and abs(v) < 2**53:
+        return str(int(v))
+    return repr(float(v))
+
+
+_TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram"}
+
+
+def exposition(metrics: Iterable[Metric]) -> bytes:
+    """Prometheus text format 0.0.4, keeping each family's own sample names (Triton's counters
+    have no ``_total``) and label order (model, version first), integers without ``.0``."""
+    out: list[str] = []
+    for metric in metrics:
+        name = metric.name
+        if metric.type == "counter" and any(s.name == name + "_total" for s in metric.samples):
+            name += "_total"
+        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {name} {doc}")
+        out.append(f"# TYPE {name} {_TYPES.get(metric.type, metric.type)}")
+        for s in metric.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in s.labels.items())
+            out.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels else f"{s.name} {_value(s.value)}")
+    return ("\n".join(out) + "\n").encode()
+
+
+def make_registry(plane: DataPlane, process: bool = True) -> CollectorRegistry:
+    """A prometheus-client registry holding the engine collector (and the process collector)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(plane))
+    if process:
+        from prometheus_client import ProcessCollector
+
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def scrape(registry: CollectorRegistry) -> bytes:
+    return exposition(registry.collect())
+
+
+def make_metrics_app(plane: DataPlane, process: bool = True) -> ASGIApp:
+    """A raw ASGI app answering GET /metrics (and / with a pointer to it)."""
+    registry = make_registry(plane, process)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if scope["method"] not in ("GET", "HEAD"):
+            status, ctype, body = 405, b"text/plain", b"method not allowed\n"
+        elif path == "/metrics":
+            status, ctype, body = 200, CONTENT_TYPE, scrape(registry)
+        elif path == "/":
+            status, ctype, body = 200, b"text/plain", b"flowserve metrics: GET /metrics\n"
+        else:
+            status, ctype, body = 404, b"text/plain", b"not found (metrics are at /metrics)\n"
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+class MetricsListener(AsgiListener):
+    """The metrics port (``port``, ``stop(grace_s)``), as the composition root lists it."""
+
+
+async def start_metrics(plane: DataPlane, host: str, port: int) -> MetricsListener:
+    """Serve /metrics on (host, port) until ``listener.stop(grace_s)``; port 0 picks one."""
+    listener = MetricsListener(make_metrics_app(plane))
+    await listener.start(host, port)
+    return listener
+
+
+__all__ = [
+    "EngineCollector",
+    "MetricsListener",
+    "exposition",
+    "make_metrics_app",
+    "make_registry",
+    "scrape",
+    "start_metrics",
+]
