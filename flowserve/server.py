@@ -71,8 +71,10 @@ class Server:
             # a negative port turns that listener off
             if opts.http_port >= 0:
                 from flowserve.frontends.http import start_http
+                from flowserve.observability.ui import make_ui_app
 
-                self.listeners.append(await start_http(plane, opts.host, opts.http_port))
+                mounts = {"/ui": make_ui_app(plane)}
+                self.listeners.append(await start_http(plane, opts.host, opts.http_port, mounts))
             if opts.grpc_port >= 0:
                 from flowserve.frontends.grpc import start_grpc
 

@@ -1,0 +1,478 @@
+"""The raw ASGI application: one small router by path split, one handler per endpoint.
+
+No framework and no middleware: the hot path (``POST /v2/models/{m}/infer``) reads the body,
+decodes the tensors straight into numpy, awaits the data plane and writes the encoded response.
+Every error becomes ``{"error": "..."}`` with the status from :mod:`.errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowserve.core.errors import (
+    FlowserveError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unsupported,
+)
+from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.http import jsonfmt
+from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
+from flowserve.frontends.http.errors import HttpStatusError, error_body, http_status
+from flowserve.frontends.http.infer import (
+    decode_request,
+    encode_response,
+    is_uint,
+    parse_json,
+    raw_request,
+)
+
+log = logging.getLogger("flowserve.http")
+
+_JSON = b"application/json"
+_OCTET = b"application/octet-stream"
+_JOIN_LIMIT = 1 << 20  # bodies above this go out in several chunks instead of one copy
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived: nothing to answer."""
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    chunks: list[bytes]
+    content_type: bytes = _JSON
+    headers: Headers = field(default_factory=list)
+
+
+def json_reply(obj: Any, status: int = 200) -> Reply:
+    return Reply(status, [jsonfmt.dumps(obj)])
+
+
+@dataclass(slots=True)
+class RequestHeaders:
+    content_length: int | None = None
+    header_length: int | None = None
+    content_encoding: str = ""
+    accept_encoding: str = ""
+
+
+def read_headers(scope: Scope) -> RequestHeaders:
+    out = RequestHeaders()
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            out.content_length = _header_int(value, "Content-Length")
+        elif key == b"inference-header-content-length":
+            out.header_length = _header_int(value, "Inference-Header-Content-Length")
+        elif key == b"content-encoding":
+            out.content_encoding = value.decode("latin-1").strip().lower()
+        elif key == b"accept-encoding":
+            out.accept_encoding = value.decode("latin-1")
+    return out
+
+
+def _header_int(value: bytes, name: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise InvalidArgument(
+            f"header {name} must be a non-negative integer, got {value.decode('latin-1')!r}"
+        )
+    return number
+
+
+class HttpApp:
+    """The ASGI 3 callable serving Triton's HTTP/REST protocol over a :class:`DataPlane`."""
+
+    def __init__(self, plane: DataPlane, mounts: dict[str, ASGIApp] | None = None) -> None:
+        self.plane = plane
+        prefixes = {p: p.rstrip("/") for p in mounts or {}}
+        bad = [p for p, clean in prefixes.items() if not clean.startswith("/") or clean.startswith("/v2")]
+        if bad:
+            raise ValueError(f"mount prefixes must be paths like '/ui' outside '/v2', got {bad}")
+        # longest prefix first, so "/ui/admin" wins over "/ui"
+        self.mounts = sorted(
+            ((prefixes[p], app) for p, app in (mounts or {}).items()), key=lambda m: -len(m[0])
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.mounts:
+            mounted = self._mounted(scope)
+            if mounted is not None:
+                prefix, app = mounted
+                child = dict(scope)
+                child["root_path"] = scope.get("root_path", "") + prefix
+                await app(child, receive, send)
+                return
+        if scope["type"] != "http":
+            return
+        try:
+            reply = await self._route(scope, receive)
+        except ClientGone:
+            return
+        except FlowserveError as exc:
+            reply = Reply(http_status(exc), [error_body(exc.message)])
+        except Exception as exc:
+            log.exception("HTTP %s %s failed", scope["method"], scope["path"])
+            reply = Reply(500, [error_body(f"internal error: {type(exc).__name__}: {exc}")])
+        await _send(send, reply)
+
+    def _mounted(self, scope: Scope) -> tuple[str, ASGIApp] | None:
+        path: str = scope.get("path", "")
+        for prefix, app in self.mounts:
+            if path == prefix or path.startswith(prefix + "/"):
+                return prefix, app
+        return None
+
+    # ------------------------------------------------------------------ routing
+
+    async def _route(self, scope: Scope, receive: Receive) -> Reply:
+        path: str = scope["path"]
+        parts = path.rstrip("/").split("/")
+        method: str = scope["method"]
+        # the hot path first: /v2/models/{m}/infer
+        if len(parts) == 5 and parts[4] == "infer" and parts[2] == "models" and parts[1] == "v2":
+            _need(method, "POST", path)
+            return await self._infer(parts[3], "", scope, receive)
+        if len(parts) < 2 or parts[0] or parts[1] != "v2":
+            raise NotFound(f"unknown route: {method} {path}")
+        if len(parts) == 2:
+            _need(method, "GET", path)
+            return json_reply(self.plane.server_metadata())
+        section, rest = parts[2], parts[3:]
+        if section == "models":
+            return await self._models(method, path, rest, scope, receive)
+        if section == "health" and len(rest) == 1 and rest[0] in ("live", "ready"):
+            _need(method, "GET", path)
+            ok = self.plane.live() if rest[0] == "live" else self.plane.ready()
+            return Reply(200 if ok else 400, [])
+        if section == "repository":
+            return await self._repository(method, path, rest, scope, receive)
+        if section == "systemsharedmemory":
+            return await self._system_shm(method, path, rest, scope, receive)
+        if section == "cudasharedmemory":
+            return await self._cuda_shm(method, path, rest, scope, receive)
+        if section == "trace" and rest == ["setting"]:
+            return await self._trace(method, "", scope, receive)
+        if section == "logging" and not rest:
+            if method == "GET":
+                return json_reply(self.plane.get_log_settings())
+            _need(method, "POST", path)
+            settings = await self._json_body(scope, receive, "log settings")
+            return json_reply(self.plane.update_log_settings(_object(settings, "log settings")))
+        raise NotFound(f"unknown route: {method} {path}")
+
+    async def _models(self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive) -> Reply:
+        if rest == ["stats"]:
+            _need(method, "GET", path)
+            return json_reply(self.plane.statistics())
+        if not rest or not rest[0]:
+            raise NotFound(f"unknown route: {method} {path}")
+        name, rest = rest[0], rest[1:]
+        version = ""
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+        if not rest:
+            _need(method, "GET", path)
+            return json_reply(self.plane.model_metadata(name, version))
+        if len(rest) == 1:
+            action = rest[0]
+            if action == "infer":
+                _need(method, "POST", path)
+                return await self._infer(name, version, scope, receive)
+            if action == "ready":
+                _need(method, "GET", path)
+                return Reply(200 if self.plane.model_ready(name, version) else 400, [])
+            if action == "config":
+                _need(method, "GET", path)
+                return json_reply(self.plane.model_config(name, version))
+            if action == "stats":
+                _need(method, "GET", path)
+                return json_reply(self.plane.statistics(name, version))
+            if action in ("generate", "generate_stream"):
+                _need(method, "POST", path)
+                raise Unsupported(f"'{action}' is not supported by this server yet; use /infer")
+        if rest == ["trace", "setting"] and not version:
+            return await self._trace(method, name, scope, receive)
+        raise NotFound(f"unknown route: {method} {path}")
+
+    # ------------------------------------------------------------------ inference
+
+    async def _infer(self, model: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        headers = read_headers(scope)
+        body = await self._body(headers, receive)
+        if headers.content_encoding and headers.content_encoding != "identity":
+            body = _decompress(body, headers.content_encoding, self.plane.limits.max_request_bytes)
+        plane = self.plane
+        length = headers.header_length
+        if length is None:
+            request, plan = decode_request(plane, model, version, parse_json(body, "inference request JSON"))
+        elif length == 0:
+            request, plan = raw_request(plane, model, version, memoryview(body))
+        else:
+            if length > len(body):
+                raise InvalidArgument(
+                    f"Inference-Header-Content-Length is {length} but the request body has only "
+                    f"{len(body)} bytes"
+                )
+            header = parse_json(body[:length], "inference request JSON header")
+            request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
+        response = await plane.infer(request)
+        encoded = encode_response(plane, response, plan)
+        if encoded.blobs:
+            extra = [(b"Inference-Header-Content-Length", str(len(encoded.header)).encode())]
+            reply = Reply(200, [encoded.header, *encoded.blobs], _OCTET, extra)
+        else:
+            reply = Reply(200, [encoded.header])
+        if headers.accept_encoding:
+            _compress(reply, headers.accept_encoding)
+        return reply
+
+    # ------------------------------------------------------------------ repository
+
+    async def _repository(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        # /v2/repository[/{repo}]/index and /v2/repository[/{repo}]/models/{m}/(load|unload);
+        # the repository name is accepted and ignored (all repositories form one namespace)
+        if rest and rest[-1] == "index" and len(rest) <= 2:
+            _need(method, "POST", path)
+            body = _object(await self._json_body(scope, receive, "repository index request"), "index request")
+            ready = body.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidArgument("repository index: 'ready' must be a boolean")
+            return json_reply(self.plane.repository_index(ready))
+        if len(rest) in (3, 4) and rest[-3] == "models" and rest[-1] in ("load", "unload"):
+            _need(method, "POST", path)
+            name, action = rest[-2], rest[-1]
+            body = _object(await self._json_body(scope, receive, f"{action} request"), f"{action} request")
+            params = body.get("parameters", {})
+            if not isinstance(params, dict):
+                raise InvalidArgument(f"{action} of '{name}': 'parameters' must be an object")
+            if action == "load":
+                await self.plane.load(name, _load_parameters(name, params))
+            else:
+                dependents = params.get("unload_dependents", False)
+                if not isinstance(dependents, bool):
+                    raise InvalidArgument(f"unload of '{name}': 'unload_dependents' must be a boolean")
+                await self.plane.unload(name, params)
+            return Reply(200, [])
+        raise NotFound(f"unknown route: {method} {path}")
+
+    # ------------------------------------------------------------------ shared memory
+
+    async def _system_shm(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        shm = self.plane.shm
+        region = ""
+        if len(rest) == 3 and rest[0] == "region":
+            region, rest = rest[1], rest[2:]
+        if len(rest) != 1:
+            raise NotFound(f"unknown route: {method} {path}")
+        action = rest[0]
+        if action == "status":
+            _need(method, "GET", path)
+            return json_reply(shm.status(region))
+        if action == "register" and region:
+            _need(method, "POST", path)
+            body = _object(await self._json_body(scope, receive, "register request"), "register request")
+            key = body.get("key")
+            offset = body.get("offset", 0)
+            byte_size = body.get("byte_size")
+            where = f"register of shared memory region '{region}'"
+            if not isinstance(key, str):
+                raise InvalidArgument(f"{where}: 'key' must be a string")
+            if not is_uint(offset):
+                raise InvalidArgument(f"{where}: 'offset' must be a non-negative integer")
+            if not is_uint(byte_size):
+                raise InvalidArgument(f"{where}: 'byte_size' must be a non-negative integer")
+            shm.register(region, key, offset, byte_size)
+            return Reply(200, [])
+        if action == "unregister":
+            _need(method, "POST", path)
+            await self._body(read_headers(scope), receive)
+            shm.unregister(region)
+            return Reply(200, [])
+        raise NotFound(f"unknown route: {method} {path}")
+
+    async def _cuda_shm(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        """No CUDA shared memory here: registering is UNSUPPORTED; status lists no regions and
+        unregistering is a no-op, so clients that clean up every kind (perf_analyzer) succeed."""
+        region = ""
+        if len(rest) == 3 and rest[0] == "region":
+            region, rest = rest[1], rest[2:]
+        action = rest[0] if len(rest) == 1 else ""
+        if action == "register" and region:
+            _need(method, "POST", path)
+            raise Unsupported(NO_CUDA_SHM)
+        if action == "status":
+            _need(method, "GET", path)
+            if region:
+                raise NotFound(f"unable to find CUDA shared memory region: '{region}' ({NO_CUDA_SHM})")
+            return json_reply([])
+        if action == "unregister":
+            _need(method, "POST", path)
+            await self._body(read_headers(scope), receive)
+            return Reply(200, [])
+        raise NotFound(f"unknown route: {method} {path}")
+
+    # ------------------------------------------------------------------ trace settings
+
+    async def _trace(self, method: str, model: str, scope: Scope, receive: Receive) -> Reply:
+        if method == "GET":
+            return json_reply(self.plane.get_trace_settings(model))
+        _need(method, "POST", scope["path"])
+        settings = _object(await self._json_body(scope, receive, "trace settings"), "trace settings")
+        return json_reply(self.plane.update_trace_settings(settings, model))
+
+    # ------------------------------------------------------------------ bodies
+
+    async def _body(self, headers: RequestHeaders, receive: Receive) -> bytes:
+        limit = self.plane.limits.max_request_bytes
+        if headers.content_length is not None and headers.content_length > limit:
+            raise ResourceExhausted(
+                f"request body of {headers.content_length} bytes exceeds the server's limit of {limit} bytes"
+            )
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        body: bytes = message.get("body", b"")
+        size = len(body)
+        if size > limit:
+            raise ResourceExhausted(f"request body exceeds the server's limit of {limit} bytes")
+        if not message.get("more_body", False):
+            return body
+        chunks = [body]
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ResourceExhausted(f"request body exceeds the server's limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _json_body(self, scope: Scope, receive: Receive, what: str) -> Any:
+        headers = read_headers(scope)
+        body = await self._body(headers, receive)
+        if headers.content_encoding and headers.content_encoding != "identity":
+            body = _decompress(body, headers.content_encoding, self.plane.limits.max_request_bytes)
+        if not body.strip():
+            return {}
+        return parse_json(body, what)
+
+
+def _need(method: str, wanted: str, path: str) -> None:
+    if method != wanted:
+        raise HttpStatusError(405, f"method {method} not allowed for {path}; use {wanted}")
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what}: the JSON body must be an object")
+    return value
+
+
+def _load_parameters(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``config`` stays a JSON string (an object is accepted and serialised); ``file:<path>``
+    values arrive base64-encoded and go to the plane as bytes."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "config" and isinstance(value, dict):
+            value = jsonfmt.dumps(value).decode()
+        elif key.startswith("file:"):
+            if not isinstance(value, str):
+                raise InvalidArgument(f"load of '{name}': '{key}' must be a base64 string")
+            try:
+                value = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidArgument(f"load of '{name}': '{key}' is not valid base64") from None
+        out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------ compression
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding == "gzip":
+        wbits = _GZIP_WBITS
+    elif encoding == "deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise Unsupported(f"unsupported Content-Encoding '{encoding}' (supported: gzip, deflate)")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgument(f"request body is not valid {encoding} data: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ResourceExhausted(f"decompressed request body exceeds the server's limit of {limit} bytes")
+    if not inflater.eof:
+        raise InvalidArgument(f"request body is truncated {encoding} data")
+    return out
+
+
+def _accepted_encoding(accept: str) -> str:
+    """gzip or deflate if the client accepts one (highest q wins, as Triton picks), else ''."""
+    best, weight = "", 0.0
+    for part in accept.split(","):
+        token, _, params = part.strip().partition(";")
+        token = token.strip().lower()
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                continue
+        if token in ("gzip", "deflate", "identity") and q > weight:
+            best, weight = token, q
+    return "" if best == "identity" else best
+
+
+def _compress(reply: Reply, accept: str) -> None:
+    encoding = _accepted_encoding(accept)
+    if not encoding:
+        return
+    data = b"".join(reply.chunks)
+    packer = zlib.compressobj(wbits=_GZIP_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    reply.chunks = [packer.compress(data) + packer.flush()]
+    reply.headers.append((b"Content-Encoding", encoding.encode()))
+
+
+# ------------------------------------------------------------------ sending
+
+
+async def _send(send: Send, reply: Reply) -> None:
+    chunks = reply.chunks
+    size = sum(len(c) for c in chunks)
+    headers: Headers = [(b"Content-Type", reply.content_type), (b"Content-Length", str(size).encode())]
+    if reply.headers:
+        headers.extend(reply.headers)
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    if len(chunks) <= 1 or size <= _JOIN_LIMIT:
+        await send(
+            {"type": "http.response.body", "body": b"".join(chunks) if len(chunks) != 1 else chunks[0]}
+        )
+        return
+    last = len(chunks) - 1
+    for i, chunk in enumerate(chunks):
+        await send({"type": "http.response.body", "body": chunk, "more_body": i < last})

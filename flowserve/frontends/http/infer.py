@@ -1,0 +1,386 @@
+"""Triton's HTTP inference request and response, decoded straight into numpy and back.
+
+A request body is a JSON header, optionally followed by raw tensor bytes (the binary tensor
+extension: ``Inference-Header-Content-Length`` says where the JSON ends). Each input carries
+exactly one of ``data`` (JSON, flat or nested), ``binary_data_size`` (its slice of the raw
+bytes, in input order) or ``shared_memory_region`` (a registered system shared memory region).
+
+Each output is answered as JSON ``data``, as raw bytes after the JSON (``binary_data`` on the
+output, else ``binary_data_output`` on the request) or written into shared memory. FP16 and BF16
+are sent as raw bytes unless JSON is asked for explicitly; a BYTES output that is not valid
+UTF-8 cannot be a JSON string and is sent as raw bytes instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import numpy as np
+
+from flowserve.core.datatypes import DATATYPES, from_numpy, to_numpy
+from flowserve.core.errors import InvalidArgument, ResourceExhausted
+from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
+from flowserve.core.wire import as_bytes, from_list, from_raw, to_raw
+from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.http import jsonfmt
+
+_NO_BINARY = memoryview(b"")
+_HALF_TYPES = frozenset(("FP16", "BF16"))
+_FIXED_SIZE = {name: to_numpy(name) for name in DATATYPES if name != "BYTES"}
+_SEQUENCE_FLAGS = ("sequence_start", "sequence_end")
+_UINT_PARAMETERS = ("priority", "timeout")
+
+
+@dataclass(slots=True)
+class ShmTarget:
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(slots=True)
+class OutputSpec:
+    """How one requested output is answered: ``binary`` None means the request's default."""
+
+    binary: bool | None = None
+    shm: ShmTarget | None = None
+
+
+@dataclass(slots=True)
+class ResponsePlan:
+    default_binary: bool = False
+    explicit_default: bool = False
+    outputs: dict[str, OutputSpec] | None = None
+
+
+@dataclass(slots=True)
+class EncodedResponse:
+    header: bytes
+    blobs: list[bytes]
+
+
+# ------------------------------------------------------------------ request
+
+
+def parse_json(data: bytes | bytearray, what: str) -> Any:
+    try:
+        return jsonfmt.loads(data)
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"malformed {what}: not UTF-8 ({exc.reason})") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed {what}: {exc}") from None
+
+
+def decode_request(
+    plane: DataPlane,
+    model: str,
+    version: str,
+    header: Any,
+    binary: memoryview = _NO_BINARY,
+) -> tuple[InferRequest, ResponsePlan]:
+    """An :class:`InferRequest` and how to answer it, from a parsed JSON header and the raw
+    bytes that followed it."""
+    if not isinstance(header, dict):
+        raise InvalidArgument(f"inference request for model '{model}': the JSON body must be an object")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"inference request for model '{model}': 'id' must be a string")
+    plan = ResponsePlan()
+    parameters = _request_parameters(header.get("parameters"), model, plan)
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidArgument(f"inference request for model '{model}': 'inputs' must be an array")
+    tensors = _decode_inputs(plane, model, inputs, binary)
+    requested = header.get("outputs")
+    wanted = None if requested is None else _requested_outputs(requested, model, plan)
+    request = InferRequest(model, tensors, version, request_id, parameters, wanted)
+    return request, plan
+
+
+def _request_parameters(raw: Any, model: str, plan: ResponsePlan) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"inference request for model '{model}': 'parameters' must be an object")
+    for key, value in raw.items():
+        if key.startswith("triton_"):
+            raise InvalidArgument(
+                f"parameter '{key}': keys starting with 'triton_' are reserved and may not be sent"
+            )
+        if key == "binary_data_output":
+            if not isinstance(value, bool):
+                raise InvalidArgument("parameter 'binary_data_output' must be a boolean")
+            plan.default_binary = value
+            plan.explicit_default = True
+        elif key == "sequence_id":
+            if not (is_uint(value) or isinstance(value, str)):
+                raise InvalidArgument(
+                    f"parameter 'sequence_id' must be an unsigned integer or a string, got {value!r}"
+                )
+        elif key in _SEQUENCE_FLAGS:
+            if not isinstance(value, bool):
+                raise InvalidArgument(f"parameter '{key}' must be a boolean, got {value!r}")
+        elif key in _UINT_PARAMETERS:
+            if not is_uint(value):
+                raise InvalidArgument(f"parameter '{key}' must be an unsigned integer, got {value!r}")
+        elif not isinstance(value, str | int | float):  # bool is an int
+            raise InvalidArgument(
+                f"parameter '{key}' must be a string, number or boolean, got {type(value).__name__}"
+            )
+    return raw
+
+
+def is_uint(value: Any) -> TypeGuard[int]:
+    return type(value) is int and value >= 0
+
+
+def _decode_inputs(
+    plane: DataPlane, model: str, items: list[Any], binary: memoryview
+) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    size = len(binary)
+    max_elements = plane.limits.max_tensor_elements
+    for item in items:
+        if type(item) is not dict:
+            raise InvalidArgument(f"inference request for model '{model}': each input must be an object")
+        name = item.get("name")
+        if type(name) is not str:
+            raise InvalidArgument(f"inference request for model '{model}': an input has no string 'name'")
+        if name in tensors:
+            raise InvalidArgument(f"input '{name}' appears more than once in the request")
+        datatype = item.get("datatype")
+        if datatype not in DATATYPES:
+            raise InvalidArgument(f"input '{name}': unknown datatype {datatype!r}")
+        shape = item.get("shape")
+        if type(shape) is not list:
+            raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
+            count *= dim
+        if count > max_elements:
+            raise ResourceExhausted(
+                f"input '{name}': shape {shape} has more than the server's limit of {max_elements} elements"
+            )
+        params = item.get("parameters")
+        if params is None:
+            byte_size = region = None
+        elif type(params) is dict:
+            byte_size = params.get("binary_data_size")
+            region = params.get("shared_memory_region")
+        else:
+            raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
+        if ("data" in item) + (byte_size is not None) + (region is not None) != 1:
+            raise InvalidArgument(
+                f"input '{name}' must set exactly one of 'data', 'binary_data_size' in 'parameters' "
+                "or 'shared_memory_region' in 'parameters'"
+            )
+        if byte_size is not None:
+            if type(byte_size) is not int or byte_size < 0:
+                raise InvalidArgument(f"input '{name}': 'binary_data_size' must be a non-negative integer")
+            end = offset + byte_size
+            if end > size:
+                raise InvalidArgument(
+                    f"input '{name}': binary_data_size is {byte_size} but only {size - offset} bytes of "
+                    "binary data remain in the request body (truncated body?)"
+                )
+            dtype = _FIXED_SIZE.get(datatype)
+            if dtype is not None and byte_size == count * dtype.itemsize:
+                tensors[name] = np.frombuffer(binary, dtype, count, offset).reshape(shape)
+            else:  # BYTES, or a size that does not fit the shape (from_raw says how)
+                tensors[name] = from_raw(name, datatype, shape, binary[offset:end])
+            offset = end
+        elif region is not None:
+            assert params is not None
+            tensors[name] = _read_shm(plane, name, datatype, shape, region, params)
+        else:
+            tensors[name] = from_list(name, datatype, shape, item["data"])
+    if offset != size:
+        raise InvalidArgument(
+            f"inference request for model '{model}': {size - offset} bytes of binary data follow the "
+            "inputs' binary_data_size"
+        )
+    return tensors
+
+
+def _shm_params(name: str, region: Any, params: dict[str, Any]) -> ShmTarget:
+    if not isinstance(region, str):
+        raise InvalidArgument(f"tensor '{name}': 'shared_memory_region' must be a string")
+    offset = params.get("shared_memory_offset", 0)
+    byte_size = params.get("shared_memory_byte_size")
+    if not is_uint(offset):
+        raise InvalidArgument(f"tensor '{name}': 'shared_memory_offset' must be a non-negative integer")
+    if not is_uint(byte_size):
+        raise InvalidArgument(
+            f"tensor '{name}': 'shared_memory_byte_size' (a non-negative integer) is required with "
+            "'shared_memory_region'"
+        )
+    return ShmTarget(region, offset, byte_size)
+
+
+def _read_shm(
+    plane: DataPlane, name: str, datatype: str, shape: list[int], region: Any, params: dict[str, Any]
+) -> np.ndarray:
+    target = _shm_params(name, region, params)
+    data = plane.shm.read(target.region, target.offset, target.byte_size, name)
+    return from_raw(name, datatype, shape, data)
+
+
+def _requested_outputs(raw: Any, model: str, plan: ResponsePlan) -> list[RequestedOutput]:
+    if not isinstance(raw, list):
+        raise InvalidArgument(f"inference request for model '{model}': 'outputs' must be an array")
+    wanted: list[RequestedOutput] = []
+    specs: dict[str, OutputSpec] = {}
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgument(
+                f"inference request for model '{model}': each requested output needs a string 'name'"
+            )
+        name = item["name"]
+        params = item.get("parameters")
+        spec = OutputSpec()
+        class_count = 0
+        if params is not None:
+            if not isinstance(params, dict):
+                raise InvalidArgument(f"output '{name}': 'parameters' must be an object")
+            binary = params.get("binary_data")
+            if binary is not None:
+                if not isinstance(binary, bool):
+                    raise InvalidArgument(f"output '{name}': 'binary_data' must be a boolean")
+                spec.binary = binary
+            classification = params.get("classification")
+            if classification is not None:
+                if not is_uint(classification):
+                    raise InvalidArgument(f"output '{name}': 'classification' must be a non-negative integer")
+                class_count = classification
+            region = params.get("shared_memory_region")
+            if region is not None:
+                if class_count:
+                    raise InvalidArgument(
+                        f"output '{name}' can't set both 'shared_memory_region' and 'classification'"
+                    )
+                if spec.binary:
+                    raise InvalidArgument(
+                        f"output '{name}' can't set both 'shared_memory_region' and 'binary_data'"
+                    )
+                spec.shm = _shm_params(name, region, params)
+        specs[name] = spec
+        wanted.append(RequestedOutput(name, class_count))
+    plan.outputs = specs
+    return wanted
+
+
+def raw_request(
+    plane: DataPlane, model: str, version: str, body: memoryview
+) -> tuple[InferRequest, ResponsePlan]:
+    """``Inference-Header-Content-Length: 0``: the body is the raw bytes of the model's only
+    input, as a batch of one; every output comes back binary."""
+    metadata = plane.model_metadata(model, version)
+    inputs = metadata["inputs"]
+    if len(inputs) != 1:
+        raise InvalidArgument(
+            f"a raw binary request needs a model with exactly one input; '{model}' has {len(inputs)}"
+        )
+    spec = inputs[0]
+    name, datatype = spec["name"], spec["datatype"]
+    dims = list(spec["shape"])
+    batched = int(plane.model_config(model, version).get("max_batch_size", 0)) > 0
+    if batched:
+        dims[0] = 1
+    variable = [i for i, d in enumerate(dims) if d < 0]
+    if variable:
+        if len(variable) > 1:
+            raise InvalidArgument(
+                f"a raw binary request cannot infer the shape of input '{name}' of '{model}': "
+                f"{len(variable)} variable dimensions"
+            )
+        known = int(np.prod([d for d in dims if d >= 0]))
+        if datatype == "BYTES":
+            count = _count_bytes_elements(name, body)
+        else:
+            itemsize = to_numpy(datatype).itemsize
+            if known == 0 or len(body) % (itemsize * known):
+                raise InvalidArgument(
+                    f"input '{name}': {len(body)} bytes of raw data do not fill whole {datatype} "
+                    f"elements of shape {dims}"
+                )
+            count = len(body) // itemsize
+        dims[variable[0]] = count // known if known else 0
+    tensor = from_raw(name, datatype, dims, body)
+    return InferRequest(model, {name: tensor}, version), ResponsePlan(
+        default_binary=True, explicit_default=True
+    )
+
+
+def _count_bytes_elements(name: str, body: memoryview) -> int:
+    count, offset, size = 0, 0, len(body)
+    while offset + 4 <= size:
+        offset += 4 + int.from_bytes(body[offset : offset + 4], "little")
+        count += 1
+    if offset != size:
+        raise InvalidArgument(f"input '{name}': BYTES data has a bad length prefix")
+    return count
+
+
+# ------------------------------------------------------------------ response
+
+
+def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePlan) -> EncodedResponse:
+    """The JSON header and the raw output bytes that follow it (none: a plain JSON body)."""
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    specs = plan.outputs
+    for name, value in response.outputs.items():
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        datatype = from_numpy(array.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        spec = specs.get(name) if specs is not None else None
+        if spec is not None and spec.shm is not None:
+            target = spec.shm
+            plane.shm.write(target.region, target.offset, target.byte_size, to_raw(array), name)
+            outputs.append(entry)
+            continue
+        if spec is not None and spec.binary is not None:
+            binary, explicit = spec.binary, True
+        else:
+            binary, explicit = plan.default_binary, plan.explicit_default
+        if not binary and datatype in _HALF_TYPES and not explicit:
+            binary = True
+        data = None if binary else json_data(array, datatype)
+        if data is None:
+            raw = to_raw(array)
+            blobs.append(raw)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+        else:
+            entry["data"] = data
+        outputs.append(entry)
+    body: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
+    if response.id:
+        body["id"] = response.id
+    if response.parameters:
+        body["parameters"] = response.parameters
+    body["outputs"] = outputs
+    return EncodedResponse(jsonfmt.dumps(body), blobs)
+
+
+def json_data(array: np.ndarray, datatype: str) -> list[Any] | None:
+    """A tensor as a flat JSON list; None when it cannot be one (BYTES that are not UTF-8)."""
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        out: list[Any] = []
+        for item in flat:
+            if isinstance(item, str):
+                out.append(item)
+                continue
+            try:
+                out.append(as_bytes(item).decode("utf-8"))
+            except UnicodeDecodeError:
+                return None
+        return out
+    if datatype == "BF16":
+        flat = flat.astype(np.float32)
+    result: list[Any] = flat.tolist()
+    return result

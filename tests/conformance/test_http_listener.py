@@ -1,0 +1,96 @@
+"""The HTTP listener in process: port 0, mounted ASGI apps, graceful and forced stop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flowserve.dataplane.engine import Engine
+from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.http import start_http
+
+
+class SlowApp:
+    """A mounted ASGI app whose '/slow' requests wait until released."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.scopes: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.scopes.append(dict(scope))
+        if scope["path"].endswith("/slow"):
+            self.entered.set()
+            await self.release.wait()
+        body = f"{scope['root_path']}|{scope['path']}".encode()
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_mounts_and_graceful_stop() -> None:
+    ui = SlowApp()
+    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={"/ui": ui, "/ui/admin/": ui})
+    assert listener.port > 0
+    base = f"http://127.0.0.1:{listener.port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/ui/page?x=1") as resp:
+                assert resp.status == 200 and await resp.text() == "/ui|/ui/page"
+            async with session.get(f"{base}/ui/admin/users") as resp:
+                assert await resp.text() == "/ui/admin|/ui/admin/users"
+            async with session.get(f"{base}/uix") as resp:  # not under the prefix: the protocol's 404
+                assert resp.status == 404
+            async with session.get(f"{base}/v2/health/live") as resp:
+                assert resp.status == 200
+            async with session.get(f"{base}/v2/models/none") as resp:
+                assert resp.status == 404 and "none" in (await resp.json())["error"]
+
+            slow = asyncio.create_task(session.get(f"{base}/ui/slow"))
+            await ui.entered.wait()
+            stopping = asyncio.create_task(listener.stop(grace_s=30))
+            await asyncio.sleep(0)  # let stop() close the listening socket (its first step)
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with aiohttp.ClientSession() as other, other.get(f"{base}/v2/health/live"):
+                    pass
+            assert not stopping.done()
+            ui.release.set()
+            resp = await slow
+            assert resp.status == 200 and await resp.text() == "/ui|/ui/slow"
+            resp.release()
+            await stopping
+    finally:
+        ui.release.set()
+        await listener.stop(grace_s=0)
+
+
+async def test_stop_cuts_requests_after_grace() -> None:
+    ui = SlowApp()
+    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={"/ui": ui})
+    async with aiohttp.ClientSession() as session:
+        slow = asyncio.create_task(session.get(f"http://127.0.0.1:{listener.port}/ui/slow"))
+        await ui.entered.wait()
+        await listener.stop(grace_s=0)
+        with pytest.raises(aiohttp.ClientError):
+            await slow
+
+
+async def test_mount_prefixes_are_checked() -> None:
+    ui = SlowApp()
+    for prefix in ("", "/", "ui", "/v2/ui"):
+        with pytest.raises(ValueError, match="mount prefixes"):
+            await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={prefix: ui})
+
+
+async def test_busy_port_is_a_clear_error() -> None:
+    first = await start_http(DataPlane(Engine()), "127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+            await start_http(DataPlane(Engine()), "127.0.0.1", first.port)
+    finally:
+        await first.stop(grace_s=1)
