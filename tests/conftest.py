@@ -36,6 +36,7 @@ class ServerProcess:
     metrics_port: int
     process: subprocess.Popen[str]
     output: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     @property
     def http_url(self) -> str:
@@ -60,6 +61,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        if self.pump is not None:
+            self.pump.join(5)  # it closes the stdout pipe at EOF (else: ResourceWarning)
         return int(self.process.returncode)
 
 
@@ -92,12 +95,14 @@ def start_server(
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            server.output.append(line)
-            if "flowserve ready" in line:
-                ready.set()
+        with proc.stdout:
+            for line in proc.stdout:
+                server.output.append(line)
+                if "flowserve ready" in line:
+                    ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    server.pump = threading.Thread(target=pump, daemon=True)
+    server.pump.start()
     deadline = time.monotonic() + timeout
     while not ready.wait(0.1):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -98,7 +98,9 @@ class NodeError(InternalError):
         self.detail = detail
         # the caller sees the cause's code: a queue-full step is UNAVAILABLE, not INTERNAL
         self.code = cause.code if isinstance(cause, FlowserveError) else ErrorCode.INTERNAL
-        super().__init__(f"in graph '{graph}', node '{node}': {detail}")
+        # a repository model is a one-node graph of the same name: say "model" once
+        where = f"in model '{graph}'" if graph == node else f"in graph '{graph}', node '{node}'"
+        super().__init__(f"{where}: {detail}")
 
 
 def _describe(exc: BaseException) -> str:

@@ -161,7 +161,9 @@ async def test_failing_node_is_named_and_next_request_succeeds(tmp_path: Path, n
     try:
         with pytest.raises(flowserve.NodeError) as info:
             await engine.infer("picky", {"x": np.array([-1], np.int32)})
-        assert str(info.value) == "in graph 'picky', node 'check': ValueError: negative values are not allowed"
+        assert (
+            str(info.value) == "in graph 'picky', node 'check': ValueError: negative values are not allowed"
+        )
         assert info.value.code is ErrorCode.INTERNAL
         out = await engine.infer("picky", {"x": np.array([4], np.int32)})
         np.testing.assert_array_equal(out["y"], [4])
@@ -188,7 +190,7 @@ ensemble_scheduling { step [ { model_name: "failing" model_version: -1
     try:
         with pytest.raises(FlowserveError) as info:
             await engine.infer("wrap", {"X": np.array([-3], np.int32)})
-        assert "in graph 'wrap', node 'failing': in graph 'failing', node 'failing'" in str(info.value)
+        assert "in graph 'wrap', node 'failing': in model 'failing':" in str(info.value)
         assert "negative input" in str(info.value)
     finally:
         await engine.stop()
@@ -225,9 +227,18 @@ async def test_request_validation_messages(bundled: flowserve.Engine) -> None:
     cases = [
         ({"INPUT0": a}, "expected 2 inputs but got 1 inputs for model 'simple'; missing: INPUT1"),
         ({**pair(), "EXTRA": a}, "unexpected inference input 'EXTRA' for model 'simple'"),
-        ({"INPUT0": a.astype(np.float32), "INPUT1": a}, "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"),
-        ({"INPUT0": a[:, :8], "INPUT1": a}, "unexpected shape for input 'INPUT0' for model 'simple'. Expected [16], got [8]"),
-        ({"INPUT0": np.zeros((9, 16), np.int32), "INPUT1": np.zeros((9, 16), np.int32)}, "batch-size must be <= 8 for 'simple'"),
+        (
+            {"INPUT0": a.astype(np.float32), "INPUT1": a},
+            "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+        ),
+        (
+            {"INPUT0": a[:, :8], "INPUT1": a},
+            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [16], got [8]",
+        ),
+        (
+            {"INPUT0": np.zeros((9, 16), np.int32), "INPUT1": np.zeros((9, 16), np.int32)},
+            "batch-size must be <= 8 for 'simple'",
+        ),
         ({"INPUT0": np.zeros((2, 16), np.int32), "INPUT1": a}, "disagree on the batch size"),
     ]
     for inputs, message in cases:

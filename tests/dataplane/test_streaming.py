@@ -107,9 +107,11 @@ async def test_error_midway_names_the_node_after_earlier_responses(engine: flows
     assert len([r async for r in engine.stream_request(request("repeat", 1, 2))]) == 2
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 async def test_ordinary_model_streams_one_response() -> None:
-    root = Path(__file__).resolve().parents[2]
-    eng = await flowserve.Engine.start(root / "model_repository")
+    eng = await flowserve.Engine.start(ROOT / "model_repository")
     try:
         a = np.ones((1, 16), np.int32)
         responses = [r async for r in eng.stream_request(InferRequest("simple", {"INPUT0": a, "INPUT1": a}))]

@@ -17,7 +17,10 @@ def resolve(node: NodeSpec) -> Signature:
 
 def plan(tmp_path: Path, body: str) -> Plan:
     path = tmp_path / "g.yaml"
-    path.write_text("inputs:\n  x: {datatype: FP32, dims: [-1]}\n  o: {datatype: FP32, dims: [-1], optional: true}\n" + body)
+    path.write_text(
+        "inputs:\n  x: {datatype: FP32, dims: [-1]}\n  o: {datatype: FP32, dims: [-1], optional: true}\n"
+        + body
+    )
     return compile_graph(load_graph_file(path), resolve)
 
 

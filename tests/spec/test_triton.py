@@ -9,7 +9,9 @@ from flowserve.spec.triton import config_to_json, parse_config_text
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_model(root: Path, name: str, config: str, versions: tuple[str, ...] = ("1",), file: str = "model.py") -> Path:
+def make_model(
+    root: Path, name: str, config: str, versions: tuple[str, ...] = ("1",), file: str = "model.py"
+) -> Path:
     model = root / name
     model.mkdir(parents=True)
     (model / "config.pbtxt").write_text(config)
@@ -150,5 +152,5 @@ def test_config_json_matches_triton_shape() -> None:
 def test_parse_error_message(name: str) -> None:
     from flowserve.core.errors import InvalidArgument
 
-    with pytest.raises(InvalidArgument, match="cannot parse config.pbtxt"):
+    with pytest.raises(InvalidArgument, match=r"cannot parse config\.pbtxt"):
         parse_config_text("max_batch_size: 'x'", name)
