@@ -24,15 +24,23 @@ def test_policy_keeps_slow_calls_on_threads() -> None:
     assert not policy.inline()
 
 
-def test_one_spike_backs_off_for_a_while() -> None:
-    policy = InlinePolicy(threshold_ns=100_000, probe=1, spike=10, backoff=3)
-    policy.observe(1_000)
+def test_a_slow_call_backs_off_in_proportion() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=1)
+    for _ in range(10):
+        policy.observe(20_000)
     assert policy.inline()
-    policy.observe(5_000_000)  # one call of 5 ms: 50x the threshold
-    assert [policy.inline() for _ in range(3)] == [False, False, False]
-    for _ in range(60):  # the average decays back under the threshold
-        policy.observe(1_000)
-    assert policy.inline()
+    policy.observe(50_000_000)  # one call of 50 ms
+    off = 0
+    while not policy.inline():
+        policy.observe(20_000)  # the calls on the thread stay cheap
+        off += 1
+    assert 30 <= off <= 60
+    policy.observe(2_000_000)  # a 2 ms preemption costs only a few calls
+    off = 0
+    while not policy.inline():
+        policy.observe(20_000)
+        off += 1
+    assert 1 <= off <= 15
 
 
 def test_zero_threshold_never_inlines() -> None:

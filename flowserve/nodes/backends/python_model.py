@@ -10,6 +10,8 @@ instance's own thread. Each instance gets its own object, as each Triton instanc
   ``asyncio.run_coroutine_threadsafe`` (the model waits on its own thread).
 - ``auto_complete_config`` runs at scan time (see :mod:`flowserve.nodes.backends.autocomplete`).
 - Every error raised by model.py, or returned in a response, names the model.
+- A cheap ``execute`` runs on the event loop (``inline_ok``; see nodes/instances.py), unless
+  model.py is async or calls other models (BLS), which must wait on a thread of their own.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class PythonInstance:
 
 
 class PythonModelBackend(BackendNode):
+    inline_ok = True
     _link: EngineLink | None = None
 
     async def start(self) -> None:
@@ -132,7 +135,10 @@ class PythonModelBackend(BackendNode):
         execute = getattr(obj, "execute", None)
         if execute is None:
             raise InvalidArgument(f"model '{name}': TritonPythonModel in {path} has no execute()")
-        return PythonInstance(obj, inspect.iscoroutinefunction(execute))
+        is_async = inspect.iscoroutinefunction(execute)
+        if is_async or _uses_bls(path):
+            self.pool.policy.threshold_ns = 0  # BLS and async execute block: never on the loop
+        return PythonInstance(obj, is_async)
 
     def execute(self, instance: PythonInstance, inputs: TensorMap) -> TensorMap:
         return self.execute_batch(instance, [inputs])[0]
@@ -158,15 +164,13 @@ class PythonModelBackend(BackendNode):
         except FlowserveError:
             raise
         except pb_utils.TritonModelException as exc:
-            raise InternalError(f"model '{name}': model.py execute() raised: {exc.message()}") from exc
+            raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
         except Exception as exc:
-            raise InternalError(
-                f"model '{name}': model.py execute() raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}") from exc
         if responses is None or len(responses) != len(requests):
             got = 0 if responses is None else len(responses)
             raise InternalError(
-                f"model '{name}': model.py execute() returned {got} responses for {len(requests)} requests"
+                f"model.py execute() returned {got} responses for {len(requests)} requests"
             )
         return [self._outputs(response) for response in responses]
 
@@ -174,7 +178,7 @@ class PythonModelBackend(BackendNode):
         error = response.error()
         if error is not None:
             kind = _ERRORS.get(error.code(), InternalError)
-            raise kind(f"model '{self.model.name}': {error.message()}")
+            raise kind(error.message())
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     def unload_instance(self, instance: PythonInstance) -> None:
@@ -185,3 +189,12 @@ class PythonModelBackend(BackendNode):
         finally:
             if instance.loop is not None:
                 instance.loop.close()
+
+
+def _uses_bls(path: Path) -> bool:
+    """Whether model.py calls other models (BLS), judged from its text."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return True
+    return "exec(" in text or "InferenceRequest(" in text
