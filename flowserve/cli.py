@@ -146,6 +146,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_shm=args.allow_shm,
         limits=Limits(max_request_bytes=args.max_request_bytes),
     )
+    if args.loop == "uvloop":
+        import uvloop
+
+        # about 30 us less CPU per HTTP request than the default loop (measured with uvicorn)
+        return int(uvloop.run(serve(options)))
     return asyncio.run(serve(options))
 
 
@@ -185,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=100.0,
         help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
+    serve.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
     serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(
         "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"

@@ -196,7 +196,9 @@ class Engine:
         else:
             assert graph is not None
             versions = [1]
-            config = config_from_graph(graph, [o.tensor for o in plan.outputs])
+            config = config_from_graph(
+                graph, [o.tensor for o in plan.outputs], {n.name: n.outputs for n in plan.nodes}
+            )
             kind = "graph"
         cache = self._cache_for(name, model, graph)
         loaded: list[Servable] = []
@@ -219,6 +221,8 @@ class Engine:
                 log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
                 continue
             executor = Executor(plan, nodes, self.clock)
+            if executor.decoupled and graph is not None:
+                config.model_transaction_policy.decoupled = True  # clients must stream
             loaded.append(
                 Servable(
                     name=name,

@@ -422,11 +422,26 @@ def _json_value(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-def config_from_graph(graph: GraphSpec, outputs: list[TensorSpec]) -> Any:
-    """A ModelConfig describing a YAML graph as Triton would an ensemble (for clients)."""
+def config_from_graph(
+    graph: GraphSpec,
+    outputs: list[TensorSpec],
+    node_outputs: dict[str, tuple[str, ...]],
+    decoupled: bool = False,
+) -> Any:
+    """A ModelConfig describing a YAML graph for clients (perf_analyzer reads it).
+
+    A graph that runs repository models reports itself as Triton would an ensemble (platform
+    "ensemble", one step per model or graph node, tensors named as in the graph), so clients
+    find and query its composing models; a graph of Python nodes only reports platform
+    "flowserve_graph". ``outputs`` have full shapes; like inputs, their dims are written
+    without the batch dimension when the graph batches.
+    """
     from flowserve.core.datatypes import to_config
 
-    config = ModelConfig(name=graph.name, platform="ensemble", max_batch_size=graph.max_batch_size)
+    batched = graph.max_batch_size > 0
+    steps = [n for n in graph.nodes.values() if n.kind in ("model", "graph")]
+    platform = "ensemble" if steps else graph.platform
+    config = ModelConfig(name=graph.name, platform=platform, max_batch_size=graph.max_batch_size)
     for t in graph.inputs.values():
         config.input.add(
             name=t.name,
@@ -435,12 +450,15 @@ def config_from_graph(graph: GraphSpec, outputs: list[TensorSpec]) -> Any:
             optional=t.optional,
         )
     for t in outputs:
-        config.output.add(name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims))
-    step_nodes = [n for n in graph.nodes.values() if n.kind in ("model", "graph")]
-    for node in step_nodes:
+        dims = list(t.dims[1:]) if batched and t.dims else list(t.dims)
+        config.output.add(name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=dims)
+    for node in steps:
         step = config.ensemble_scheduling.step.add(model_name=node.target, model_version=-1)
         for k, binding in node.inputs.items():
-            step.input_map[k] = binding[0].key
-        for k in node.outputs:
+            ref = binding[0]
+            step.input_map[k] = ref.tensor if ref.node is None else ref.key
+        for k in node_outputs.get(node.name, ()):
             step.output_map[k] = f"{node.name}.{k}"
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
     return config

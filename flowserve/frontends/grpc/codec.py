@@ -1,0 +1,237 @@
+"""ModelInferRequest <-> InferRequest and InferResponse -> ModelInferResponse.
+
+The hot path: raw input contents become numpy arrays with ``np.frombuffer`` (no copy) and
+outputs become ``raw_output_contents`` with one ``tobytes``; typed ``contents``, shared memory
+and parameters are handled off to the side, only when a request carries them.
+
+Raw contents are matched to inputs in order, skipping inputs that carry typed contents or
+name a shared memory region (what tritonclient sends). A request may not mix raw and typed
+contents, as in Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from flowserve.core.datatypes import DATATYPES, from_numpy
+from flowserve.core.errors import InvalidArgument
+from flowserve.core.node import TensorMap
+from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
+from flowserve.core.wire import from_list, from_raw, to_raw
+from flowserve.dataplane.shm import SharedMemoryRegistry
+
+# Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
+TYPED_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+SHM_REGION = "shared_memory_region"
+SHM_OFFSET = "shared_memory_offset"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+CLASSIFICATION = "classification"
+
+_INT64_MAX = 2**63 - 1
+
+# (region, offset, byte_size) of an output the client wants written to shared memory
+ShmTarget = tuple[str, int, int]
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def param_value(param: Any) -> Any:
+    """The Python value of an InferParameter / ModelRepositoryParameter / log setting (its
+    oneof ``parameter_choice``); None when nothing is set."""
+    which = param.WhichOneof("parameter_choice")
+    return None if which is None else getattr(param, which)
+
+
+def params_to_dict(params: Any) -> dict[str, Any]:
+    return {key: param_value(value) for key, value in params.items()}
+
+
+def set_param(param: Any, value: Any) -> None:
+    """Fill an InferParameter from a Python value."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        if value > _INT64_MAX:
+            param.uint64_param = value
+        else:
+            param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = value if isinstance(value, str) else str(value)
+
+
+# ------------------------------------------------------------------ request
+
+
+def decode_request(msg: Any, shm: SharedMemoryRegistry) -> InferRequest:
+    """A transport-neutral request from a ModelInferRequest; InvalidArgument (naming the
+    tensor) for anything malformed. The caller adds the model's name to decode errors."""
+    raw = msg.raw_input_contents
+    n_raw = len(raw)
+    used = 0
+    inputs: TensorMap = {}
+    for tensor in msg.inputs:
+        name = tensor.name
+        if name in inputs:
+            raise InvalidArgument(f"input '{name}' is given more than once")
+        datatype = tensor.datatype
+        if datatype not in DATATYPES:
+            raise InvalidArgument(f"input '{name}': unknown datatype '{datatype}'")
+        if tensor.parameters and SHM_REGION in tensor.parameters:
+            inputs[name] = _from_shm(tensor, shm)
+        elif tensor.HasField("contents"):
+            if n_raw:
+                raise InvalidArgument(
+                    f"input '{name}': typed 'contents' must not be given when the request "
+                    "carries raw_input_contents (use one or the other for all inputs)"
+                )
+            inputs[name] = _from_typed(name, datatype, tensor.shape, tensor.contents)
+        elif used < n_raw:
+            inputs[name] = from_raw(name, datatype, tensor.shape, raw[used])
+            used += 1
+        else:
+            raise InvalidArgument(
+                f"input '{name}' has no data: give it raw_input_contents, typed contents or a "
+                "shared memory region"
+            )
+    if used != n_raw:
+        raise InvalidArgument(
+            f"request carries {n_raw} raw_input_contents but only {used} inputs take raw data"
+        )
+    request = InferRequest(msg.model_name, inputs, msg.model_version, msg.id)
+    if msg.parameters:
+        request.parameters = params_to_dict(msg.parameters)
+    if msg.outputs:
+        request.outputs = [_requested(o) for o in msg.outputs]
+    return request
+
+
+def _requested(out: Any) -> RequestedOutput:
+    if not out.parameters or CLASSIFICATION not in out.parameters:
+        return RequestedOutput(out.name)
+    count = param_value(out.parameters[CLASSIFICATION])
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise InvalidArgument(
+            f"output '{out.name}': 'classification' must be a non-negative integer, got {count!r}"
+        )
+    return RequestedOutput(out.name, count)
+
+
+def _from_typed(name: str, datatype: str, shape: Any, contents: Any) -> np.ndarray:
+    wanted = TYPED_FIELD.get(datatype)
+    if wanted is None:
+        raise InvalidArgument(
+            f"input '{name}': {datatype} has no typed contents field; send it as raw_input_contents"
+        )
+    for field, _ in contents.ListFields():
+        if field.name != wanted:
+            raise InvalidArgument(
+                f"input '{name}': a {datatype} tensor takes its data in '{wanted}', got '{field.name}'"
+            )
+    return from_list(name, datatype, list(shape), list(getattr(contents, wanted)))
+
+
+def _shm_param(tensor: Any, key: str, default: int | None = None) -> int:
+    param = tensor.parameters.get(key)
+    value = param_value(param) if param is not None else default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        what = "missing" if value is None else f"got {value!r}"
+        raise InvalidArgument(f"tensor '{tensor.name}': '{key}' must be a non-negative integer ({what})")
+    return value
+
+
+def _from_shm(tensor: Any, shm: SharedMemoryRegistry) -> np.ndarray:
+    name = tensor.name
+    region = param_value(tensor.parameters[SHM_REGION])
+    if not isinstance(region, str) or not region:
+        raise InvalidArgument(f"input '{name}': '{SHM_REGION}' must be a region name")
+    if tensor.HasField("contents"):
+        raise InvalidArgument(f"input '{name}': give either a shared memory region or contents, not both")
+    size = _shm_param(tensor, SHM_BYTE_SIZE)
+    offset = _shm_param(tensor, SHM_OFFSET, 0)
+    data = shm.read(region, offset, size, name)
+    return from_raw(name, tensor.datatype, tensor.shape, data)
+
+
+def shm_targets(msg: Any) -> dict[str, ShmTarget] | None:
+    """Requested outputs that go to shared memory, by name (None when there are none)."""
+    targets: dict[str, ShmTarget] | None = None
+    for out in msg.outputs:
+        if out.parameters and SHM_REGION in out.parameters:
+            region = param_value(out.parameters[SHM_REGION])
+            if not isinstance(region, str) or not region:
+                raise InvalidArgument(f"output '{out.name}': '{SHM_REGION}' must be a region name")
+            target = (region, _shm_param(out, SHM_OFFSET, 0), _shm_param(out, SHM_BYTE_SIZE))
+            if targets is None:
+                targets = {}
+            targets[out.name] = target
+    return targets
+
+
+# ------------------------------------------------------------------ response
+
+_OutputTensor = pb.ModelInferResponse.InferOutputTensor
+
+
+def encode_response(
+    response: InferResponse,
+    shm: SharedMemoryRegistry,
+    targets: dict[str, ShmTarget] | None = None,
+) -> Any:
+    """A ModelInferResponse whose raw_output_contents follow its outputs in order.
+
+    Outputs written to shared memory carry the region in their parameters and an empty raw
+    entry (so the positions of the others stay aligned); when every output went to shared
+    memory there are no raw entries at all.
+    """
+    outputs = []
+    raws = []
+    for name, array in response.outputs.items():
+        datatype = from_numpy(array.dtype)
+        target = targets.get(name) if targets else None
+        if target is None:
+            outputs.append(_OutputTensor(name=name, datatype=datatype, shape=array.shape))
+            raws.append(to_raw(array))
+            continue
+        region, offset, byte_size = target
+        data = to_raw(array)
+        shm.write(region, offset, byte_size, data, name)
+        out = _OutputTensor(name=name, datatype=datatype, shape=array.shape)
+        out.parameters[SHM_REGION].string_param = region
+        out.parameters[SHM_BYTE_SIZE].int64_param = len(data)
+        if offset:
+            out.parameters[SHM_OFFSET].int64_param = offset
+        outputs.append(out)
+        raws.append(b"")
+    if targets and all(o.name in targets for o in outputs):
+        raws = []
+    msg = pb.ModelInferResponse(
+        model_name=response.model,
+        model_version=response.version,
+        id=response.id,
+        outputs=outputs,
+        raw_output_contents=raws,
+    )
+    if response.parameters:
+        for key, value in response.parameters.items():
+            set_param(msg.parameters[key], value)
+    return msg

@@ -1,0 +1,252 @@
+"""``inference.GRPCInferenceService``: every rpc translated to one data plane call.
+
+Errors raised by the plane become the call's status through one table (errors.STATUS); on
+the stream they become that message's ``error_message`` and the stream goes on.
+"""
+
+# ruff: noqa: N802  (rpc names are fixed by the protocol)
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from flowserve.core.errors import InvalidArgument, Unsupported
+from flowserve.core.types import InferRequest
+from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.grpc import messages
+from flowserve.frontends.grpc.codec import (
+    ShmTarget,
+    decode_request,
+    encode_response,
+    params_to_dict,
+    shm_targets,
+)
+from flowserve.frontends.grpc.errors import status_of
+
+_S = TypeVar("_S", bound="InferenceServicer")
+_Method = Callable[[_S, Any, Any], Awaitable[Any]]
+
+# requests of one stream that may run at once; the reader waits when the window is full
+STREAM_WINDOW = 256
+# responses of one stream request that may wait for the ones before them to be sent
+RESPONSES_AHEAD = 64
+# request parameter asking for a final flag on responses, and that flag (Triton's names)
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+_END = object()
+
+NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
+
+
+def rpc(method: _Method[_S]) -> _Method[_S]:
+    """Run a unary rpc; an exception becomes the call's status (see errors.STATUS)."""
+
+    @functools.wraps(method)
+    async def call(self: _S, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code, message = status_of(exc)
+            await context.abort(code, message)
+
+    return call
+
+
+class InferenceServicer:
+    """The servicer handed to ``add_GRPCInferenceServiceServicer_to_server``."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+        self._shm = plane.shm
+
+    # ------------------------------------------------------------ inference
+
+    def _decode(self, msg: Any) -> tuple[InferRequest, dict[str, ShmTarget] | None]:
+        try:
+            request = decode_request(msg, self._shm)
+            targets = shm_targets(msg) if msg.outputs else None
+        except InvalidArgument as exc:
+            # an unknown model or version is reported as such, whatever its payload
+            self._plane.model_config_proto(msg.model_name, msg.model_version)
+            raise InvalidArgument(f"model '{msg.model_name}': {exc.message}") from None
+        return request, targets
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            decoded, targets = self._decode(request)
+            response = await self._plane.infer(decoded)
+            return encode_response(response, self._shm, targets)
+        except Exception as exc:
+            code, message = status_of(exc)
+            await context.abort(code, message)
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Requests of one stream run concurrently (up to STREAM_WINDOW at once); their
+        responses go back in the order of the requests, each request's (one, or any number for
+        a decoupled model) in its own order, as they are produced. An error becomes that
+        request's ``error_message`` and the stream goes on."""
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        pending: asyncio.Queue[asyncio.Queue[Any] | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    await window.acquire()
+                    out: asyncio.Queue[Any] = asyncio.Queue(RESPONSES_AHEAD)
+                    task = asyncio.create_task(self._stream_one(msg, out))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    pending.put_nowait(out)
+            finally:
+                pending.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (out := await pending.get()) is not None:
+                while (response := await out.get()) is not _END:
+                    yield response
+                window.release()
+            await reader
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _stream_one(self, msg: Any, out: asyncio.Queue[Any]) -> None:
+        """Every response to one stream request into ``out``, then _END."""
+        try:
+            request, targets = self._decode(msg)
+            final_flag = request.parameters.get(EMPTY_FINAL) is True
+            decoupled = final_flag and self._decoupled(request)
+            async for response in self._plane.stream(request):
+                encoded = encode_response(response, self._shm, targets)
+                if final_flag:
+                    encoded.parameters[FINAL].bool_param = not decoupled
+                await out.put(pb.ModelStreamInferResponse(infer_response=encoded))
+            if decoupled:
+                # as Triton does for a decoupled model: the end is an empty, final response
+                last = pb.ModelInferResponse(
+                    model_name=msg.model_name, model_version=msg.model_version, id=msg.id
+                )
+                last.parameters[FINAL].bool_param = True
+                await out.put(pb.ModelStreamInferResponse(infer_response=last))
+        except Exception as exc:
+            _, message = status_of(exc)
+            echo = pb.ModelInferResponse(
+                model_name=msg.model_name, model_version=msg.model_version, id=msg.id
+            )
+            await out.put(pb.ModelStreamInferResponse(error_message=message, infer_response=echo))
+        await out.put(_END)
+
+    def _decoupled(self, request: InferRequest) -> bool:
+        """Whether the model may send any number of responses (then the stream ends each request
+        with an empty final response)."""
+        return bool(self._plane.engine.registry.get(request.model, request.version).decoupled)
+
+    # ------------------------------------------------------------ health and metadata
+
+    @rpc
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self._plane.live())
+
+    @rpc
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self._plane.ready())
+
+    @rpc
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))
+
+    @rpc
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return messages.server_metadata(self._plane.server_metadata())
+
+    @rpc
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        return messages.model_metadata(self._plane.model_metadata(request.name, request.version))
+
+    @rpc
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        return pb.ModelConfigResponse(config=self._plane.model_config_proto(request.name, request.version))
+
+    @rpc
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        return messages.statistics(self._plane.statistics(request.name, request.version))
+
+    # ------------------------------------------------------------ repository
+
+    @rpc
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        return messages.repository_index(self._plane.repository_index(request.ready))
+
+    @rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        await self._plane.load(request.model_name, params_to_dict(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        await self._plane.unload(request.model_name, params_to_dict(request.parameters))
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------ shared memory
+
+    @rpc
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return messages.shm_status(self._shm.status(request.name))
+
+    @rpc
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self._shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self._shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        raise Unsupported(NO_CUDA_SHM)
+
+    @rpc
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise Unsupported(NO_CUDA_SHM)
+
+    @rpc
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        raise Unsupported(NO_CUDA_SHM)
+
+    # ------------------------------------------------------------ trace and log settings
+
+    @rpc
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        plane = self._plane
+        if request.settings:
+            settings = plane.update_trace_settings(
+                messages.trace_request_settings(request), request.model_name
+            )
+        else:
+            settings = plane.get_trace_settings(request.model_name)
+        return messages.trace_settings(settings)
+
+    @rpc
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        plane = self._plane
+        if request.settings:
+            settings = plane.update_log_settings(messages.log_request_settings(request))
+        else:
+            settings = plane.get_log_settings()
+        return messages.log_settings(settings)
