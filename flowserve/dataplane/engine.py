@@ -110,6 +110,7 @@ class Engine:
         self.live = True
         self._overrides: Path | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._reload_failures: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -239,6 +240,15 @@ class Engine:
                 )
             )
             log.info("loaded %s '%s' version %s", kind, name, version)
+        if failed and self.registry.has(name):
+            # a reload swaps in the new versions only when all of them loaded; until then the
+            # old ones keep serving
+            for servable in loaded:
+                await servable.stop()
+            reason = "; ".join(f"version {v}: {r}" for v, r in failed.items())
+            self._reload_failures[name] = reason
+            log.error("reload of '%s' failed, the loaded version keeps serving: %s", name, reason)
+            return []
         self.plans[name] = plan
         old = self.registry.replace(name, loaded)
         for failed_version, reason in failed.items():
@@ -265,12 +275,18 @@ class Engine:
         with a config override and override files (``{"1/model.py": b"..."}``). Others keep
         serving; the old versions finish their in-flight requests before they stop."""
         async with self._lock:
+            self._reload_failures.pop(name, None)
             if config_json is None and not files:
                 scan = await self._load_from_scan({name})
                 if name not in scan.paths:
                     raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
             else:
                 await self._load_override(name, config_json, files)
+        reload_failure = self._reload_failures.pop(name, None)
+        if reload_failure is not None:
+            raise InvalidArgument(
+                f"failed to load '{name}': {reload_failure} (the loaded version keeps serving)"
+            )
         if not self.registry.has(name):
             reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
             raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")

@@ -28,9 +28,19 @@ class Registry:
     def __init__(self) -> None:
         self._servables: dict[str, dict[int, Servable]] = {}
         self._status: dict[tuple[str, str], Status] = {}
+        # graph name -> (node, target) of its model and graph steps: a graph is ready only
+        # while everything it uses is loaded
+        self._uses: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def add(self, servable: Servable) -> None:
         self._servables.setdefault(servable.name, {})[servable.version] = servable
+        uses = tuple(
+            (n.name, n.spec.target) for n in servable.plan.nodes if n.spec.kind in ("model", "graph")
+        )
+        if uses:
+            self._uses[servable.name] = uses
+        else:
+            self._uses.pop(servable.name, None)
         key = (servable.name, str(servable.version))
         self._status[key] = Status(servable.name, str(servable.version), State.READY)
         self._status.pop((servable.name, ""), None)
@@ -47,6 +57,7 @@ class Registry:
     def remove(self, name: str) -> list[Servable]:
         """Drop every version of ``name``; returns them (for the caller to stop)."""
         gone = list(self._servables.pop(name, {}).values())
+        self._uses.pop(name, None)
         for key in [k for k in self._status if k[0] == name]:
             status = self._status[key]
             self._status[key] = Status(name, status.version, State.UNAVAILABLE, "unloaded")
@@ -63,6 +74,10 @@ class Registry:
             if status is not None:
                 raise Unavailable(f"model '{name}' is not ready: {status}")
             raise NotFound(f"unknown model: '{name}'")
+        if name in self._uses:
+            missing = self.missing(name)
+            if missing:
+                raise Unavailable(f"model '{name}' is not ready: {missing}")
         if not version:
             return versions[max(versions)]
         try:
@@ -72,6 +87,16 @@ class Registry:
                 f"unknown version '{version}' of model '{name}' (loaded: "
                 f"{', '.join(str(v) for v in sorted(versions))})"
             ) from None
+
+    def missing(self, name: str) -> str:
+        """Why graph ``name`` cannot run: a model or graph it uses is not loaded ("" if none)."""
+        for node, target in self._uses.get(name, ()):
+            if not self._servables.get(target):
+                return f"node '{node}' uses '{target}', which is not loaded"
+            inner = self.missing(target)
+            if inner:
+                return f"node '{node}' uses '{target}', which is not ready ({inner})"
+        return ""
 
     def _failed_reason(self, name: str) -> str | None:
         for (n, _), status in self._status.items():
@@ -96,4 +121,11 @@ class Registry:
         return sorted(self._servables.get(name, {}))
 
     def index(self) -> list[Status]:
-        return sorted(self._status.values(), key=lambda s: (s.name, s.version))
+        out = []
+        for status in self._status.values():
+            if status.state is State.READY and status.name in self._uses:
+                missing = self.missing(status.name)
+                if missing:
+                    status = Status(status.name, status.version, State.UNAVAILABLE, missing)
+            out.append(status)
+        return sorted(out, key=lambda s: (s.name, s.version))

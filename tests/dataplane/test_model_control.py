@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flowserve
-from flowserve.core.errors import Unsupported
+from flowserve.core.errors import InvalidArgument, Unavailable, Unsupported
 from flowserve.dataplane.plane import DataPlane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,5 +83,47 @@ async def test_poll_picks_up_added_changed_and_removed_models(tmp_path: Path) ->
         assert await engine.poll_once() == ([], ["simple2"])
         assert not engine.model_ready("simple2")
         assert engine.model_ready("simple")
+    finally:
+        await engine.stop()
+
+
+async def test_graph_turns_unready_when_a_model_it_uses_is_unloaded(tmp_path: Path) -> None:
+    engine = await flowserve.Engine.start(copy_repo(tmp_path), ROOT / "graphs")
+    try:
+        await engine.unload_model("simple")
+        assert not engine.model_ready("fanout")
+        status = {s.name: s for s in engine.registry.index() if s.version == "1"}
+        assert status["fanout"].state.value == "UNAVAILABLE"
+        assert status["fanout"].reason == "node 'addsub' uses 'simple', which is not loaded"
+        assert status["simple_ensemble"].reason == "node 'simple' uses 'simple', which is not loaded"
+        a = np.ones((1, 16), np.int32)
+        with pytest.raises(Unavailable, match="model 'fanout' is not ready: node 'addsub' uses 'simple'"):
+            await engine.infer("fanout", {"a": a, "b": a})
+        assert engine.model_ready("route")  # uses no model
+        await engine.load_model("simple")
+        assert engine.model_ready("fanout")
+        out = await engine.infer("fanout", {"a": a, "b": a})
+        np.testing.assert_array_equal(out["total"], 4 * a)
+    finally:
+        await engine.stop()
+
+
+async def test_failed_reload_keeps_the_loaded_version_serving(tmp_path: Path) -> None:
+    repo = copy_repo(tmp_path)
+    engine = await flowserve.Engine.start(repo)
+    try:
+        model = repo / "simple" / "1" / "model.py"
+        model.write_text(
+            model.read_text().replace(
+                "def initialize(self, args):",
+                "def initialize(self, args):\n        raise RuntimeError('bad release')",
+            )
+        )
+        with pytest.raises(InvalidArgument, match="bad release.*the loaded version keeps serving"):
+            await engine.load_model("simple")
+        assert engine.model_ready("simple")
+        a = np.ones((1, 16), np.int32)
+        out = await engine.infer("simple", {"INPUT0": a, "INPUT1": a})
+        np.testing.assert_array_equal(out["OUTPUT0"], 2 * a)
     finally:
         await engine.stop()
