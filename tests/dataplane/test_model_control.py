@@ -119,7 +119,7 @@ async def test_failed_reload_keeps_the_loaded_version_serving(tmp_path: Path) ->
                 "def initialize(self, args):\n        raise RuntimeError('bad release')",
             )
         )
-        with pytest.raises(InvalidArgument, match="bad release.*the loaded version keeps serving"):
+        with pytest.raises(InvalidArgument, match=r"bad release.*the loaded version keeps serving"):
             await engine.load_model("simple")
         assert engine.model_ready("simple")
         a = np.ones((1, 16), np.int32)
