@@ -114,7 +114,9 @@ def start_server(
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
     """One server for a whole test session (bundled content + tests/models, shm allowed)."""
-    proc = start_server("--allow-shm", "--model-control-mode=explicit", "--load-model=*")
+    proc = start_server(
+        "--allow-shm", "--model-control-mode=explicit", "--load-model=*", f"--cache-size={1 << 20}"
+    )
     try:
         yield proc
     finally:

@@ -11,6 +11,7 @@ import base64
 import binascii
 import logging
 import zlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
 from flowserve.frontends.http.errors import HttpStatusError, error_body, http_status
+from flowserve.frontends.http.generate import generate_events, generate_request, generate_response
 from flowserve.frontends.http.infer import (
     decode_request,
     encode_response,
@@ -52,6 +54,13 @@ class Reply:
     chunks: list[bytes]
     content_type: bytes = _JSON
     headers: Headers = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StreamReply:
+    """A streamed answer: server-sent events, each chunk sent as it is produced."""
+
+    events: AsyncIterator[bytes]
 
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
@@ -119,6 +128,9 @@ class HttpApp:
             return
         try:
             reply = await self._route(scope, receive)
+            if isinstance(reply, StreamReply):
+                await _send_stream(send, reply)
+                return
         except ClientGone:
             return
         except FlowserveError as exc:
@@ -137,7 +149,7 @@ class HttpApp:
 
     # ------------------------------------------------------------------ routing
 
-    async def _route(self, scope: Scope, receive: Receive) -> Reply:
+    async def _route(self, scope: Scope, receive: Receive) -> Reply | StreamReply:
         path: str = scope["path"]
         parts = path.rstrip("/").split("/")
         method: str = scope["method"]
@@ -173,7 +185,9 @@ class HttpApp:
             return json_reply(self.plane.update_log_settings(_object(settings, "log settings")))
         raise NotFound(f"unknown route: {method} {path}")
 
-    async def _models(self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive) -> Reply:
+    async def _models(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply | StreamReply:
         if rest == ["stats"]:
             _need(method, "GET", path)
             return json_reply(self.plane.statistics())
@@ -200,9 +214,21 @@ class HttpApp:
             if action == "stats":
                 _need(method, "GET", path)
                 return json_reply(self.plane.statistics(name, version))
-            if action in ("generate", "generate_stream"):
+            if action == "generate":
                 _need(method, "POST", path)
-                raise Unsupported(f"'{action}' is not supported by this server yet; use /infer")
+                doc = await self._json_body(scope, receive, "generate request")
+                request = generate_request(self.plane, name, version, doc)
+                responses = [r async for r in self.plane.stream(request)]
+                if len(responses) != 1:
+                    raise Unsupported(
+                        f"model '{name}' answered {len(responses)} responses: use generate_stream"
+                    )
+                return json_reply(generate_response(responses[0]))
+            if action == "generate_stream":
+                _need(method, "POST", path)
+                doc = await self._json_body(scope, receive, "generate request")
+                request = generate_request(self.plane, name, version, doc)
+                return StreamReply(generate_events(self.plane, request))
         if rest == ["trace", "setting"] and not version:
             return await self._trace(method, name, scope, receive)
         raise NotFound(f"unknown route: {method} {path}")
@@ -459,6 +485,14 @@ def _compress(reply: Reply, accept: str) -> None:
 
 
 # ------------------------------------------------------------------ sending
+
+
+async def _send_stream(send: Send, reply: StreamReply) -> None:
+    headers: Headers = [(b"Content-Type", b"text/event-stream"), (b"Cache-Control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    async for event in reply.events:
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _send(send: Send, reply: Reply) -> None:

@@ -19,7 +19,7 @@ import copy
 import json
 import logging
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -199,6 +199,19 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
+    def get_response_sender(self) -> InferenceResponseSender:
+        """A decoupled model's way to answer: any number of ``send`` calls, then one with
+        ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (possibly after execute returned)."""
+        sender = self._sender
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only for decoupled models "
+                "(model_transaction_policy { decoupled: true })"
+            )
+        return sender
+
+    _sender: InferenceResponseSender | None = None
+
     # ------------------------------------------------------------------ BLS
 
     def _submit(self) -> concurrent.futures.Future[TensorMap]:
@@ -242,6 +255,24 @@ class InferenceRequest:
             return iter([response]) if decoupled else response
 
         return wait()
+
+
+class InferenceResponseSender:
+    """Hands a decoupled model's responses to ``deliver(response, final)``, from any thread."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None]) -> None:
+        self._deliver = deliver
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("the response sender is closed: the final flag was already sent")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._closed = final
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return False
 
 
 async def _ready(value: Any) -> Any:

@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import json
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,61 @@ class PythonModelBackend(BackendNode):
     async def start(self) -> None:
         if self.registry is not None:
             self._link = EngineLink(self.registry, asyncio.get_running_loop())
+        # a decoupled model answers through request.get_response_sender(): see stream()
+        self.decoupled = self.model.decoupled
         await super().start()
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+        """A decoupled model's responses for one request, in the order model.py sends them,
+        until it sends the final flag (which may come after ``execute`` returned)."""
+        if not self.decoupled:
+            yield await self(inputs, ctx)
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[Any, bool] | BaseException] = asyncio.Queue()
+
+        def deliver(response: Any, final: bool) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (response, final))
+
+        request = pb_utils.InferenceRequest(
+            model_name=self.model.name,
+            inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
+            request_id=ctx.request_id,
+            parameters=dict(ctx.parameters),
+            model_version=self.version,
+        )
+        request._sender = pb_utils.InferenceResponseSender(deliver)
+
+        def run(instance: PythonInstance) -> None:
+            try:
+                if instance.is_async:
+                    if instance.loop is None:
+                        instance.loop = asyncio.new_event_loop()
+                    instance.loop.run_until_complete(instance.model.execute([request]))
+                else:
+                    instance.model.execute([request])
+            except Exception as exc:
+                error = InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}")
+                loop.call_soon_threadsafe(queue.put_nowait, error)
+
+        start = self.clock.now_ns()
+        count = 0
+        async with self.pool.lease() as (instance, worker):
+            running = asyncio.ensure_future(worker.call(run, instance))
+            try:
+                while True:
+                    item = await queue.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    response, final = item
+                    if response is not None:
+                        count += 1
+                        yield self._outputs(response)
+                    if final:
+                        break
+            finally:
+                await running
+        self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
 
     def load_instance(self, index: int) -> PythonInstance:
         name = self.model.name
@@ -169,9 +224,7 @@ class PythonModelBackend(BackendNode):
             raise InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}") from exc
         if responses is None or len(responses) != len(requests):
             got = 0 if responses is None else len(responses)
-            raise InternalError(
-                f"model.py execute() returned {got} responses for {len(requests)} requests"
-            )
+            raise InternalError(f"model.py execute() returned {got} responses for {len(requests)} requests")
         return [self._outputs(response) for response in responses]
 
     def _outputs(self, response: Any) -> TensorMap:
