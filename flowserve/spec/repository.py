@@ -34,6 +34,14 @@ class Scan:
         for name, path in other.paths.items():
             self.paths.setdefault(name, path)
 
+    def add_model(self, name: str, spec: ModelSpec | None, issues: list[SpecIssue]) -> None:
+        """Record one model read from the repository: valid, or failed with its issues."""
+        self.issues.extend(issues)
+        if spec is None or issues:
+            self.failed[name] = "; ".join(str(i) for i in issues) or "invalid"
+        else:
+            self.models[name] = spec
+
     def subset(self, names: set[str]) -> Scan:
         """Only the entries named (with their issues)."""
         keep = {n for n in names}
@@ -70,11 +78,7 @@ def scan_model(model_dir: Path) -> Scan:
         issues, spec = [SpecIssue(source, exc.message)], None
     except OSError as exc:
         issues, spec = [SpecIssue(source, f"cannot read: {exc}")], None
-    scan.issues.extend(issues)
-    if spec is None or issues:
-        scan.failed[name] = "; ".join(str(i) for i in issues) or "invalid"
-    else:
-        scan.models[name] = spec
+    scan.add_model(name, spec, issues)
     return scan
 
 
@@ -148,11 +152,7 @@ def override_scan(
     scan = Scan()
     issues: list[SpecIssue] = []
     spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues)
-    scan.issues.extend(issues)
-    if spec is None or issues:
-        scan.failed[name] = "; ".join(str(i) for i in issues) or "invalid"
-    else:
-        scan.models[name] = spec
+    scan.add_model(name, spec, issues)
     return scan
 
 

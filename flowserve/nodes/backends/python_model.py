@@ -119,12 +119,7 @@ class PythonModelBackend(BackendNode):
 
         def run(instance: PythonInstance) -> None:
             try:
-                if instance.is_async:
-                    if instance.loop is None:
-                        instance.loop = asyncio.new_event_loop()
-                    instance.loop.run_until_complete(instance.model.execute([request]))
-                else:
-                    instance.model.execute([request])
+                _call_execute(instance, [request])
             except Exception as exc:
                 error = InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}")
                 loop.call_soon_threadsafe(queue.put_nowait, error)
@@ -210,12 +205,7 @@ class PythonModelBackend(BackendNode):
             for inputs in batch
         ]
         try:
-            if instance.is_async:
-                if instance.loop is None:
-                    instance.loop = asyncio.new_event_loop()
-                responses = instance.loop.run_until_complete(instance.model.execute(requests))
-            else:
-                responses = instance.model.execute(requests)
+            responses = _call_execute(instance, requests)
         except FlowserveError:
             raise
         except pb_utils.TritonModelException as exc:
@@ -242,6 +232,15 @@ class PythonModelBackend(BackendNode):
         finally:
             if instance.loop is not None:
                 instance.loop.close()
+
+
+def _call_execute(instance: PythonInstance, requests: list[Any]) -> Any:
+    """model.py's ``execute(requests)``; an async one runs on the instance's own loop."""
+    if instance.is_async:
+        if instance.loop is None:
+            instance.loop = asyncio.new_event_loop()
+        return instance.loop.run_until_complete(instance.model.execute(requests))
+    return instance.model.execute(requests)
 
 
 def _uses_bls(path: Path) -> bool:
