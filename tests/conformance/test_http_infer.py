@@ -297,8 +297,8 @@ def test_raw_binary_request(server: Any) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data.reshape(1, 3))
 
 
-def test_generate_endpoints_unsupported(server: Any) -> None:
+def test_generate_names_unknown_inputs(server: Any) -> None:
     for endpoint in ("generate", "generate_stream"):
         status, raw, _ = post(server, f"/v2/models/simple/{endpoint}", b'{"text_input": "hi"}')
-        assert status == 501
-        assert endpoint in json.loads(raw)["error"]
+        assert status == 400
+        assert "unexpected inference input 'text_input' for model 'simple'" in json.loads(raw)["error"]

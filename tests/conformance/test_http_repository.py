@@ -147,8 +147,15 @@ def test_unload_dependents(client: httpclient.InferenceServerClient) -> None:
         np.testing.assert_array_equal(infer_identity(client, chain, value, name="IN"), value)
         client.unload_model(base, unload_dependents=dependents)
         assert not client.is_model_ready(base)
-        assert client.is_model_ready(chain) is not dependents
-        if not dependents:
+        # either way the chain cannot run; without unload_dependents it stays loaded and the
+        # index says why it is not ready
+        assert not client.is_model_ready(chain)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        if dependents:
+            assert index[chain]["reason"] == "unloaded"
+        else:
+            assert index[chain]["state"] == "UNAVAILABLE"
+            assert f"uses '{base}', which is not loaded" in index[chain]["reason"]
             client.unload_model(chain)
         assert not client.is_model_ready(chain)
 
