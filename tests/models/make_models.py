@@ -14,6 +14,9 @@ Writes into ``model_repository/`` (served by default):
   FP32 CHW [3, 8, 8] (the ``image_classifier`` ensemble chains it with ``onnx_classifier`` and
   the python ``top1`` model).
 
+Made by the tests only (not bundled): ``make_tf_savedmodel`` / ``make_tf_graphdef``
+(TensorFlow SavedModel and frozen GraphDef) and ``make_openvino_ir`` (OpenVINO IR).
+
 Each ``make_*`` function takes the output path, so tests build variants in temporary folders.
 Frameworks are imported inside the functions: only the ones a model needs must be installed.
 """
@@ -194,6 +197,84 @@ def make_dali_gpu_resize(path: Path) -> None:
 def make_dali_preprocess(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(dali_pipeline().serialize())
+
+
+TF_FEATURES = 4
+
+
+def tf_weights() -> np.ndarray:
+    return np.random.RandomState(3).randn(TF_FEATURES).astype(np.float32)
+
+
+def _tf_module() -> Any:
+    """sum = x + y * w, diff = x - y (FP32 [-1, 4]); strings: length and upper of BYTES [-1]."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    class AddScaled(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(tf_weights())
+
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, TF_FEATURES], tf.float32)] * 2, autograph=False
+        )
+        def serve(self, x: Any, y: Any) -> dict[str, Any]:
+            return {"sum": tf.identity(x + y * self.w, name="sum"), "diff": tf.identity(x - y, name="diff")}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+        def strings(self, text: Any) -> dict[str, Any]:
+            return {"length": tf.strings.length(text), "upper": tf.strings.upper(text)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, TF_FEATURES], tf.float32)], autograph=False)
+        def double(self, x: Any) -> dict[str, Any]:
+            return {"doubled": x * 2.0}
+
+    return tf, AddScaled()
+
+
+def make_tf_savedmodel(path: Path) -> None:
+    """SavedModel folder (``model.savedmodel``) with signatures serving_default (x, y -> sum,
+    diff), strings (text -> length, upper) and double (x -> doubled); dynamic batch."""
+    tf, module = _tf_module()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    signatures = {"serving_default": module.serve, "strings": module.strings, "double": module.double}
+    tf.saved_model.save(module, str(path), signatures=signatures)
+
+
+def make_tf_graphdef(path: Path) -> None:
+    """Frozen GraphDef (``model.graphdef``) of serving_default: placeholders x, y; tensors sum, diff."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    _, module = _tf_module()
+    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
+
+
+OV_FEATURES = 4
+OV_CLASSES = 3
+
+
+def openvino_weights() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(4)
+    return rng.randn(OV_FEATURES, OV_CLASSES).astype(np.float32), rng.randn(OV_CLASSES).astype(np.float32)
+
+
+def make_openvino_ir(path: Path, batch: int = -1) -> None:
+    """OpenVINO IR (``model.xml`` + ``model.bin``): scores = relu(features @ W + b), FP32
+    [batch, 4] -> [batch, 3] (``batch`` -1: dynamic)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    w, b = openvino_weights()
+    x = ops.parameter([batch, OV_FEATURES], np.float32, name="features")
+    y = ops.relu(ops.add(ops.matmul(x, ops.constant(w), False, False), ops.constant(b)))
+    y.output(0).get_tensor().set_names({"scores"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.Model([y], [x], "linear_relu"), str(path), compress_to_fp16=False)
 
 
 def main() -> int:
