@@ -8,11 +8,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-.PHONY: install install-test system-packages serve test lint
+.PHONY: install install-test system-packages test-emulators serve test lint
 install: $(BIN)/python
 	$(BIN)/pip install -q -e .
 
-install-test: $(BIN)/python system-packages
+install-test: $(BIN)/python system-packages test-emulators
 	$(BIN)/pip install -q -e '.[test,all]'
 
 # graphviz renders graphs; chromium drives the UI browser test. Best effort: without them (or
@@ -22,6 +22,13 @@ system-packages:
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null) ; } || \
 	  echo "graphviz/chromium not installed: rendering and browser tests will skip"
+
+# Azurite (npm) serves the Azure repository test on 127.0.0.1. Best effort: without it that
+# test skips and says why.
+test-emulators:
+	@command -v azurite-blob >/dev/null || \
+	  { command -v npm >/dev/null && npm install -g --no-audit --no-fund azurite@3 >/dev/null 2>&1 ; } || \
+	  echo "azurite not installed: the Azure repository test will skip"
 
 serve: install
 	$(BIN)/flowserve serve --model-repository model_repository --graphs graphs

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flowserve.core.errors import SpecIssue
+from flowserve.core.errors import InvalidArgument, SpecIssue
 from flowserve.dataplane.engine import add_import_roots, scan_all
 from flowserve.nodes.factory import compile_all
+
+if TYPE_CHECKING:
+    from flowserve.dataplane.remote import RemoteOptions
+    from flowserve.nodes.ratelimit import ResourceLimit
 
 DEFAULT_REPOSITORY = "model_repository"
 DEFAULT_GRAPHS = "graphs"
@@ -126,13 +133,63 @@ def cmd_graph_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from flowserve.dataplane.plane import Limits
-    from flowserve.server import ServerOptions, serve
+def _repositories(args: argparse.Namespace, repos: list[Path]) -> list[Path | str]:
+    """The repositories to serve: a URL (s3://, gs://, ...) stays a string (dataplane/remote.py)."""
+    from flowserve.dataplane.remote import is_remote
 
+    if not args.model_repository:
+        return list(repos)
+    return [p if is_remote(p) else Path(p) for p in args.model_repository]
+
+
+def _remote_and_rate_limits(args: argparse.Namespace) -> tuple[RemoteOptions, list[ResourceLimit]]:
+    from flowserve.dataplane.remote import RemoteOptions
+    from flowserve.nodes.ratelimit import parse_resource_limit
+
+    cache = Path(args.repository_cache_dir) if args.repository_cache_dir else None
+    remote = RemoteOptions(cache, args.repository_complete, args.repository_settle_secs)
+    return remote, [parse_resource_limit(text) for text in args.rate_limit_resource or []]
+
+
+def _header_forward(args: argparse.Namespace) -> dict[str, re.Pattern[str]]:
+    from flowserve.dataplane.headers import compile_pattern
+
+    out = {}
+    for kind in ("http", "grpc"):
+        text = getattr(args, f"{kind}_header_forward_pattern")
+        if text:
+            out[kind] = compile_pattern(text, f"--{kind}-header-forward-pattern")
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flowserve.dataplane.access import GRPC_HEADER_PREFIX, Restrictions
+    from flowserve.dataplane.plane import Limits
+    from flowserve.server import ServerOptions, exit_watchdog, serve
+
+    faulthandler.enable()  # a crash in native code prints the Python stacks of every thread
+    try:
+        http_restrictions = Restrictions.parse(args.http_restricted_api or [])
+        grpc_restrictions = Restrictions.parse(args.grpc_restricted_protocol or [], GRPC_HEADER_PREFIX)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     repos, graphs = _sources(args)
+    try:
+        remote, rate_limits = _remote_and_rate_limits(args)
+        header_forward = _header_forward(args)
+    except InvalidArgument as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     options = ServerOptions(
-        model_repositories=repos,
+        model_repositories=_repositories(args, repos),
+        remote=remote,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=rate_limits,
+        header_forward=header_forward,
         graph_dirs=graphs,
         host=args.host,
         http_port=args.http_port,
@@ -144,14 +201,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache_bytes=args.cache_size,
         inline_threshold_us=args.inline_threshold_us,
         allow_shm=args.allow_shm,
-        limits=Limits(max_request_bytes=args.max_request_bytes),
+        limits=Limits(
+            max_request_bytes=args.max_request_bytes,
+            max_tensor_elements=args.max_tensor_elements,
+            max_bytes_element=args.max_bytes_element,
+        ),
+        shutdown_grace_s=args.exit_timeout_secs,
+        max_inflight_requests=args.max_inflight_requests,
+        max_inflight_per_model=args.max_inflight_per_model,
+        http_restrictions=http_restrictions,
+        grpc_restrictions=grpc_restrictions,
+        model_load_threads=args.model_load_thread_count,
     )
     if args.loop == "uvloop":
         import uvloop
 
         # about 30 us less CPU per HTTP request than the default loop (measured with uvicorn)
-        return int(uvloop.run(serve(options)))
-    return asyncio.run(serve(options))
+        code = int(uvloop.run(serve(options)))
+    else:
+        code = asyncio.run(serve(options))
+    exit_watchdog()  # a hung node thread must not keep the process from ending
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,6 +248,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--repository-poll-secs", type=float, default=15.0)
     serve.add_argument(
+        "--repository-cache-dir",
+        metavar="DIR",
+        help="where remote repositories (s3://, gs://, az://, any fsspec URL) are mirrored "
+        "(default: a temporary directory removed at exit)",
+    )
+    serve.add_argument(
+        "--repository-complete",
+        choices=["stable", "marker"],
+        default="stable",
+        help="when a remote version directory is complete: 'stable' (the same in two listings "
+        "--repository-settle-secs apart) or 'marker' (it holds a .complete file, written last)",
+    )
+    serve.add_argument("--repository-settle-secs", type=float, default=2.0, metavar="S")
+    serve.add_argument(
+        "--rate-limit",
+        choices=["off", "execution_count"],
+        default="off",
+        help="Triton's rate limiter: instances run only when their instance_group.rate_limiter "
+        "resources are free, fewest executions (scaled by priority) first",
+    )
+    for kind in ("http", "grpc"):
+        serve.add_argument(
+            f"--{kind}-header-forward-pattern",
+            metavar="REGEX",
+            help=f"{kind.upper()} request headers whose name matches become request parameters "
+            "(a split node can route by them)",
+        )
+    serve.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        metavar="NAME:COUNT[:DEVICE]",
+        help="units of a rate limiter resource (default: the most one instance asks for)",
+    )
+    serve.add_argument(
         "--cache-size",
         type=int,
         default=0,
@@ -187,13 +291,69 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--inline-threshold-us",
         type=float,
-        default=100.0,
+        default=1000.0,
         help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
     serve.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
     serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(
         "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"
+    )
+    serve.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="most elements one input tensor may have (and largest dimension)",
+    )
+    serve.add_argument(
+        "--max-bytes-element",
+        type=int,
+        default=16 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest single element of a BYTES input",
+    )
+    serve.add_argument(
+        "--max-inflight-requests",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="inference requests in flight at once, server-wide; more are refused with UNAVAILABLE "
+        "(0: no bound)",
+    )
+    serve.add_argument(
+        "--max-inflight-per-model",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="inference requests in flight at once for one model or graph (0: no bound)",
+    )
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are cancelled",
+    )
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        metavar="API[,API...]:KEY=VALUE",
+        help="HTTP API categories (health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging) that need header KEY: VALUE (repeatable)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        metavar="API[,API...]:KEY=VALUE",
+        help="gRPC categories (as --http-restricted-api) that need metadata triton-grpc-protocol-KEY: VALUE",
+    )
+    serve.add_argument(
+        "--model-load-thread-count",
+        type=int,
+        default=4,
+        metavar="N",
+        help="models loaded at once, and instances of one model for backends that allow it (Triton's)",
     )
     serve.set_defaults(func=cmd_serve)
 

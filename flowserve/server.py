@@ -1,25 +1,39 @@
 """Composition root: engine -> data plane -> HTTP, gRPC and metrics front ends; lifecycle.
 
 ``flowserve serve`` runs :func:`serve`, which loads everything, starts the three listeners,
-and on SIGINT/SIGTERM stops accepting, lets in-flight requests finish (up to
-``shutdown_grace_s``), unloads the models and returns 0.
+and on SIGINT/SIGTERM stops accepting (every listener at once), lets in-flight requests finish
+(up to ``shutdown_grace_s``; the rest are cancelled), unloads the models and returns 0. A node
+call that cannot be stopped (a hung thread) does not hold the exit: past ``EXIT_WAIT_S`` after
+serving the process ends with status 0 anyway (see :func:`exit_watchdog`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from flowserve.dataplane.access import Restrictions
+from flowserve.dataplane.admission import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_PER_MODEL, Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane, Limits
+from flowserve.dataplane.remote import RemoteOptions
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.instances import configure_inline
+from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit
 
 log = logging.getLogger("flowserve")
+
+# how long unloading may take at shutdown, and how long the process may then take to end
+UNLOAD_WAIT_S = 10.0
+EXIT_WAIT_S = 5.0
 
 
 class Listener(Protocol):
@@ -32,7 +46,7 @@ class Listener(Protocol):
 
 @dataclass
 class ServerOptions:
-    model_repositories: list[Path] = field(default_factory=list)
+    model_repositories: list[Path | str] = field(default_factory=list)  # str: a URL (s3://...)
     graph_dirs: list[Path] = field(default_factory=list)
     host: str = "0.0.0.0"
     http_port: int = 8000
@@ -42,10 +56,21 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     poll_secs: float = 15.0
     cache_bytes: int = 0
-    inline_threshold_us: float = 100.0
+    inline_threshold_us: float = 1000.0
     allow_shm: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
+    max_inflight_requests: int = DEFAULT_MAX_IN_FLIGHT
+    max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
+    http_restrictions: Restrictions = field(default_factory=Restrictions)
+    grpc_restrictions: Restrictions = field(default_factory=Restrictions)
+    model_load_threads: int = 4
+    # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
+    # "http"/"grpc" -> headers forwarded as request parameters (dataplane/headers.py)
+    header_forward: dict[str, re.Pattern[str]] = field(default_factory=dict)
 
 
 class Server:
@@ -64,8 +89,14 @@ class Server:
             load_models=opts.load_models if opts.control_mode == "explicit" else ["*"],
             poll_secs=opts.poll_secs,
             cache_bytes=opts.cache_bytes,
+            model_load_threads=opts.model_load_threads,
+            remote=opts.remote,
+            rate_limiter=RateLimiter(opts.rate_limit_resources) if opts.rate_limit != "off" else None,
         )
-        plane = DataPlane(engine, SharedMemoryRegistry(enabled=opts.allow_shm), opts.limits)
+        admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
+        shm = SharedMemoryRegistry(enabled=opts.allow_shm)
+        plane = DataPlane(engine, shm, opts.limits, admission=admission)
+        plane.header_forward = dict(opts.header_forward)
         self.plane = plane
         try:
             # a negative port turns that listener off
@@ -74,11 +105,15 @@ class Server:
                 from flowserve.observability.ui import make_ui_app
 
                 mounts = {"/ui": make_ui_app(plane)}
-                self.listeners.append(await start_http(plane, opts.host, opts.http_port, mounts))
+                self.listeners.append(
+                    await start_http(plane, opts.host, opts.http_port, mounts, opts.http_restrictions)
+                )
             if opts.grpc_port >= 0:
                 from flowserve.frontends.grpc import start_grpc
 
-                self.listeners.append(await start_grpc(plane, opts.host, opts.grpc_port))
+                self.listeners.append(
+                    await start_grpc(plane, opts.host, opts.grpc_port, opts.grpc_restrictions)
+                )
             if opts.metrics_port >= 0:
                 from flowserve.observability.metrics import start_metrics
 
@@ -89,14 +124,21 @@ class Server:
         return plane
 
     async def stop(self) -> None:
+        """Stop accepting on every listener at once, give in-flight requests ``shutdown_grace_s``
+        to finish, then unload (for at most UNLOAD_WAIT_S)."""
         grace = self.options.shutdown_grace_s
-        for listener in reversed(self.listeners):
-            await listener.stop(grace)
-        self.listeners.clear()
+        listeners, self.listeners = list(reversed(self.listeners)), []
+        stopped = await asyncio.gather(*(x.stop(grace) for x in listeners), return_exceptions=True)
+        for listener, outcome in zip(listeners, stopped, strict=True):
+            if isinstance(outcome, BaseException):
+                log.error("stopping %s failed: %r", type(listener).__name__, outcome)
         if self.plane is not None:
-            await self.plane.engine.stop()
-            self.plane.shm.close()
-            self.plane = None
+            plane, self.plane = self.plane, None
+            try:
+                await asyncio.wait_for(plane.engine.stop(), UNLOAD_WAIT_S)
+            except TimeoutError:
+                log.error("unloading took longer than %.0f s at shutdown; exiting anyway", UNLOAD_WAIT_S)
+            plane.shm.close()
 
 
 async def serve(options: ServerOptions) -> int:
@@ -110,6 +152,27 @@ async def serve(options: ServerOptions) -> int:
     log.info("flowserve ready (%s)", ports)
     print(f"flowserve ready: {ports}", flush=True)
     await stopping.wait()
-    log.info("shutting down")
+    log.info("shutting down (in-flight requests get %.0f s)", options.shutdown_grace_s)
     await server.stop()
+    log.info("stopped")
     return 0
+
+
+def exit_watchdog(wait_s: float = EXIT_WAIT_S) -> None:
+    """End the process with status 0 if it has not ended ``wait_s`` from now.
+
+    A node call running on a worker thread cannot be interrupted; if one is still running
+    (a hung node, already abandoned by its request), the interpreter would wait for it at exit,
+    forever. This daemon thread ends the process instead, once everything else has stopped."""
+
+    def watch() -> None:
+        threading.Event().wait(wait_s)
+        busy = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+        log.warning("exiting with %d thread(s) still busy (hung node calls?): %s", len(busy), ", ".join(busy))
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="flowserve-exit-watchdog", daemon=True).start()

@@ -15,26 +15,33 @@ import numpy as np
 
 from flowserve.core.datatypes import to_numpy
 from flowserve.core.errors import InvalidArgument
+from flowserve.core.limits import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_bytes_element,
+    check_shape,
+    max_bytes_size,
+)
 
 _LEN = struct.Struct("<I")
 
 
-def element_count(name: str, shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        if not isinstance(dim, int) or dim < 0:
-            raise InvalidArgument(f"input '{name}': invalid shape {list(shape)} (dims must be >= 0)")
-        count *= dim
-    return count
+def element_count(name: str, shape: Sequence[int], limits: Limits = DEFAULT_LIMITS) -> int:
+    """The element count of a checked shape (see :func:`flowserve.core.limits.check_shape`)."""
+    return check_shape(name, shape, limits)
 
 
 def from_raw(
-    name: str, datatype: str, shape: Sequence[int], data: bytes | bytearray | memoryview
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    data: bytes | bytearray | memoryview,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> np.ndarray:
     """Decode ``data`` as a tensor of ``datatype`` and ``shape`` (zero-copy for fixed types)."""
-    count = element_count(name, shape)
+    count = check_shape(name, shape, limits)
     if datatype == "BYTES":
-        return _bytes_from_raw(name, count, shape, data)
+        return _bytes_from_raw(name, count, shape, data, limits)
     dtype = to_numpy(datatype)
     expected = count * dtype.itemsize
     if len(data) != expected:
@@ -45,18 +52,43 @@ def from_raw(
     return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
 
 
+def check_shm_size(
+    name: str, datatype: str, shape: Sequence[int], byte_size: int, limits: Limits = DEFAULT_LIMITS
+) -> None:
+    """Before a tensor is copied out of shared memory: its shape is sane and within ``limits``,
+    and ``byte_size`` is what the shape needs (BYTES: no more than its elements can take)."""
+    count = check_shape(name, shape, limits)
+    if datatype == "BYTES":
+        most = max_bytes_size(count, limits)
+        if byte_size > most:
+            raise InvalidArgument(
+                f"input '{name}': shared_memory_byte_size {byte_size} is more than {count} BYTES "
+                f"elements can take ({most})"
+            )
+        return
+    expected = count * to_numpy(datatype).itemsize
+    if byte_size != expected:
+        raise InvalidArgument(
+            f"input '{name}': got {byte_size} bytes of shared memory (shared_memory_byte_size), but "
+            f"shape {list(shape)} of {datatype} needs {expected}"
+        )
+
+
 def _bytes_from_raw(
-    name: str, count: int, shape: Sequence[int], data: bytes | bytearray | memoryview
+    name: str, count: int, shape: Sequence[int], data: bytes | bytearray | memoryview, limits: Limits
 ) -> np.ndarray:
     view = memoryview(data)
     size = len(view)
     items: list[bytes] = []
     offset = 0
+    max_element = limits.max_bytes_element
     while offset < size:
         if offset + 4 > size:
             raise InvalidArgument(f"input '{name}': BYTES data ends inside a 4-byte length prefix")
         (length,) = _LEN.unpack_from(view, offset)
         offset += 4
+        if length > max_element:
+            check_bytes_element(name, len(items), length, limits)
         if offset + length > size:
             raise InvalidArgument(
                 f"input '{name}': BYTES element {len(items)} claims {length} bytes but only "
@@ -108,22 +140,31 @@ def as_bytes(item: Any) -> bytes:
     return str(item).encode()
 
 
-def from_list(name: str, datatype: str, shape: Sequence[int], data: Any) -> np.ndarray:
+def from_list(
+    name: str, datatype: str, shape: Sequence[int], data: Any, limits: Limits = DEFAULT_LIMITS
+) -> np.ndarray:
     """A tensor from JSON-style data (flat or nested lists) or typed protobuf contents."""
-    count = element_count(name, shape)
+    count = check_shape(name, shape, limits)
     if datatype == "BYTES":
         flat = _flatten(data)
         if len(flat) != count:
             raise InvalidArgument(
                 f"input '{name}': shape {list(shape)} needs {count} elements, got {len(flat)}"
             )
+        items = [as_bytes(x) for x in flat]
+        max_element = limits.max_bytes_element
+        for index, item in enumerate(items):
+            if len(item) > max_element:
+                check_bytes_element(name, index, len(item), limits)
         array = np.empty(count, dtype=np.object_)
-        array[:] = [as_bytes(x) for x in flat]
+        array[:] = items
         return array.reshape(tuple(shape))
     dtype = to_numpy(datatype)
     try:
-        array = np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
+        # a value out of the type's range (1e300 as FP16) is refused, not turned into inf
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise InvalidArgument(f"input '{name}': data does not fit {datatype}: {exc}") from None
     if array.size != count:
         raise InvalidArgument(f"input '{name}': shape {list(shape)} needs {count} elements, got {array.size}")

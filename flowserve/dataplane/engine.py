@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,20 @@ from flowserve.core.errors import (
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.dataplane.classification import classify, read_labels
+from flowserve.dataplane.remote import RemoteOptions, resolve_repositories
 from flowserve.graph.plan import Plan
 from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
+from flowserve.nodes.loading import DEFAULT_LOAD_THREADS, LOAD_THREADS, load_waves
+from flowserve.nodes.ratelimit import RATE_LIMITER, RateLimiter
+from flowserve.nodes.warmup import warm_up_graph
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.registry import Registry, State
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import ModelStats
+from flowserve.runtime.validate import validate_inputs
 from flowserve.spec.repository import Scan, fingerprint, override_scan, scan_graphs, scan_repository
-from flowserve.spec.schema import GraphSpec, ModelSpec
+from flowserve.spec.schema import GraphSpec, ModelSpec, node_targets
 from flowserve.spec.triton import config_from_graph
 
 log = logging.getLogger("flowserve")
@@ -91,16 +96,30 @@ class Engine:
         load_models: Sequence[str] = ("*",),
         poll_secs: float = 15.0,
         cache_bytes: int = 0,
+        model_load_threads: int = DEFAULT_LOAD_THREADS,
+        *,
+        remote: RemoteOptions | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise InvalidArgument(f"model control mode must be one of {', '.join(CONTROL_MODES)}")
-        self.repositories = _paths(model_repository)
+        # a repository URL (s3://...) is served from its local mirror (dataplane/remote.py)
+        sources = [model_repository] if isinstance(model_repository, str | Path) else model_repository or []
+        self.repositories, self.remote = resolve_repositories(
+            sources, remote or RemoteOptions(), lambda: self.clock.now_ns() / 1e9
+        )
+        # Triton's rate limiter (nodes/ratelimit.py); None: off
+        self.rate_limiter = rate_limiter
         self.graph_dirs = _paths(graphs)
         self.clock = clock
         self.control_mode = control_mode
         self.load_models = list(load_models)
         self.poll_secs = poll_secs
         self.cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+        if model_load_threads < 1:
+            raise InvalidArgument("the model load thread count must be >= 1")
+        # models loaded at once, and instances of one model (when its backend allows)
+        self.model_load_threads = model_load_threads
         self.registry = Registry()
         self.issues: list[SpecIssue] = []
         self.models: dict[str, ModelSpec] = {}
@@ -123,13 +142,33 @@ class Engine:
         load_models: Sequence[str] = ("*",),
         poll_secs: float = 15.0,
         cache_bytes: int = 0,
+        model_load_threads: int = DEFAULT_LOAD_THREADS,
+        *,
+        remote: RemoteOptions | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> Engine:
         """Load the repositories and graph folders (all of them, unless ``explicit`` mode names
         some); failures are logged and reported by the index, never fatal for the others."""
-        engine = cls(model_repository, graphs, clock, control_mode, load_models, poll_secs, cache_bytes)
+        engine = cls(
+            model_repository,
+            graphs,
+            clock,
+            control_mode,
+            load_models,
+            poll_secs,
+            cache_bytes,
+            model_load_threads,
+            remote=remote,
+            rate_limiter=rate_limiter,
+        )
         add_import_roots(engine.graph_dirs)
         wanted = None if control_mode != "explicit" or "*" in load_models else set(load_models)
         async with engine._lock:
+            try:
+                await engine.remote.sync(settle=True)
+            except BaseException:
+                engine.remote.close()
+                raise
             await engine._load_from_scan(wanted)
         if control_mode == "poll":
             engine._poller = asyncio.create_task(engine._poll_forever(), name="flowserve-poll")
@@ -139,6 +178,7 @@ class Engine:
 
     async def load_all(self) -> None:
         async with self._lock:
+            await self.remote.sync(settle=True)
             await self._load_from_scan(None)
 
     async def _load_from_scan(self, wanted: set[str] | None) -> Scan:
@@ -163,13 +203,30 @@ class Engine:
                 self.registry.mark(name, "", State.UNAVAILABLE, reason)
         for name in compiled.order:
             self.fingerprints[name] = fingerprint(scan.paths[name]) if name in scan.paths else ""
-            await self._retire(await self._load(name, compiled.plans[name]))
+        await self._load_concurrently(compiled.order, compiled.plans, subset)
         if wanted is None:
             return scan
         for name in sorted(set(scan.paths) - selected - set(self.fingerprints)):
             if not any(s.name == name for s in self.registry.index()):
                 self.registry.mark(name, "", State.UNAVAILABLE, "unloaded")
         return scan
+
+    async def _load_concurrently(self, order: list[str], plans: dict[str, Plan], scan: Scan) -> None:
+        """Load ``order`` wave by wave (what uses nothing of its own wave), at most
+        ``model_load_threads`` at once; each replaced servable retires after its wave."""
+        specs = graph_specs(scan)
+        deps = {name: dependencies(specs[name]) for name in order if name in specs}
+        gate = asyncio.Semaphore(self.model_load_threads)
+
+        async def one(name: str) -> list[Servable]:
+            LOAD_THREADS.set(self.model_load_threads)  # this task's own context (nodes/loading.py)
+            RATE_LIMITER.set(self.rate_limiter)  # likewise for the backends' instances
+            async with gate:
+                return await self._load(name, plans[name])
+
+        for wave in load_waves(order, deps):
+            for old in await asyncio.gather(*(one(name) for name in wave)):
+                await self._retire(old)
 
     def _closure(self, scan: Scan, wanted: set[str]) -> set[str]:
         """``wanted`` plus every model or graph they use, transitively."""
@@ -215,13 +272,15 @@ class Engine:
                     except Exception as exc:
                         raise FlowserveError(f"node '{node.name}' failed to start: {_text(exc)}") from exc
                     started.append(node)
+                executor = Executor(plan, nodes, self.clock)
+                if graph is not None and graph.warmup:
+                    await warm_up_graph(name, graph.warmup, plan.max_batch_size > 0, _runner(plan, executor))
             except Exception as exc:
                 for node in started:
                     await node.stop()
                 failed[str(version)] = _text(exc)
                 log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
                 continue
-            executor = Executor(plan, nodes, self.clock)
             if executor.decoupled and graph is not None:
                 config.model_transaction_policy.decoupled = True  # clients must stream
             loaded.append(
@@ -277,6 +336,7 @@ class Engine:
         async with self._lock:
             self._reload_failures.pop(name, None)
             if config_json is None and not files:
+                await self.remote.sync(settle=True)
                 scan = await self._load_from_scan({name})
                 if name not in scan.paths:
                     raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
@@ -313,7 +373,7 @@ class Engine:
         self.models.update(scan.models)
         self.graphs.update(scan.graphs)
         self.fingerprints.pop(name, None)
-        await self._retire(await self._load(name, compiled.plans[name]))
+        await self._load_concurrently([name], compiled.plans, scan)
 
     def _override_root(self) -> Path:
         if self._overrides is None:
@@ -337,6 +397,7 @@ class Engine:
         """Re-scan the repositories: load what was added or changed, unload what was removed.
         Returns (loaded, unloaded) names."""
         async with self._lock:
+            await self.remote.sync(settle=False)  # the previous poll was the first listing
             scan = scan_all(self.repositories, self.graph_dirs)
             current = {n: fingerprint(p) for n, p in scan.paths.items()}
             changed = {n for n, fp in current.items() if self.fingerprints.get(n) != fp}
@@ -370,7 +431,7 @@ class Engine:
             for other, plan in self.plans.items():
                 if other in found or other == name or not self.registry.has(other):
                     continue
-                if any(n.spec.target == target for n in plan.nodes if n.spec.kind in ("model", "graph")):
+                if any(target in node_targets(n.spec, shadow=False) for n in plan.nodes):
                     found.append(other)
                     frontier.append(other)
         return found
@@ -396,6 +457,7 @@ class Engine:
                 await servable.stop()
         if self._overrides is not None:
             shutil.rmtree(self._overrides, ignore_errors=True)
+        self.remote.close()
 
     # ---------------------------------------------------------------- inference
 
@@ -442,7 +504,7 @@ class Engine:
     def _check_requested(self, servable: Servable, request: InferRequest) -> list[RequestedOutput] | None:
         wanted = request.outputs
         if wanted:
-            known = {o.name for o in servable.plan.outputs}
+            known = servable.output_names
             for out in wanted:
                 if out.name not in known:
                     raise InvalidArgument(
@@ -497,6 +559,19 @@ class Engine:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.registry.ready(name, version)
+
+
+def _runner(plan: Plan, executor: Executor) -> Callable[[TensorMap], Awaitable[object]]:
+    """Run one warmup request through a graph's executor (validated like a request)."""
+
+    async def run(inputs: TensorMap) -> object:
+        validate_inputs(plan, inputs)
+        ctx = Context(request_id="warmup")
+        if executor.decoupled:
+            return [out async for out in executor.stream(inputs, ctx)]
+        return await executor.run(inputs, ctx)
+
+    return run
 
 
 def _text(exc: BaseException) -> str:

@@ -6,28 +6,23 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowserve.core.errors import InvalidArgument, NotFound, Unsupported
+from flowserve.core.limits import Limits as Limits  # re-exported: the plane holds them
 from flowserve.core.node import Span
 from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane import metadata
+from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.shm import SharedMemoryRegistry
+from flowserve.nodes.split import parse_split_weights, set_split_weights
 
 VERSION = "0.1.0"
-
-
-@dataclass(slots=True)
-class Limits:
-    """Request size limits, checked before anything is allocated from a request."""
-
-    max_request_bytes: int = 256 * 1024 * 1024
-    max_tensor_elements: int = 64 * 1024 * 1024
-    max_bytes_element: int = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -76,11 +71,15 @@ class DataPlane:
         shm: SharedMemoryRegistry | None = None,
         limits: Limits | None = None,
         keep_traces: int = 200,
+        admission: Admission | None = None,
     ) -> None:
         self.engine = engine
         self.shm = shm or SharedMemoryRegistry(enabled=False)
         self.limits = limits or Limits()
+        self.admission = admission or Admission()
         self.trace_settings = TraceSettings()
+        # "http"/"grpc" -> which request headers become request parameters (dataplane/headers.py)
+        self.header_forward: dict[str, re.Pattern[str]] = {}
         self.model_trace_settings: dict[str, TraceSettings] = {}
         self.traces: deque[Trace] = deque(maxlen=keep_traces)
         self._traced = 0
@@ -123,22 +122,30 @@ class DataPlane:
     # ------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        spans = self._maybe_trace(request.model)
-        if spans is None:
-            return await self.engine.infer_request(request)
-        trace = Trace(request.id, request.model, spans)
+        model = request.model
+        admission = self.admission
+        admission.enter(model)  # Unavailable at once when the server or the model is full
         try:
-            return await self.engine.infer_request(request, trace=spans)
-        except Exception as exc:
-            trace.ok, trace.error = False, str(exc)
-            raise
+            spans = self._maybe_trace(model)
+            if spans is None:
+                return await self.engine.infer_request(request)
+            trace = Trace(request.id, model, spans)
+            try:
+                return await self.engine.infer_request(request, trace=spans)
+            except Exception as exc:
+                trace.ok, trace.error = False, str(exc)
+                raise
+            finally:
+                self.traces.append(trace)
         finally:
-            self.traces.append(trace)
+            admission.leave(model)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response to one request (several for a decoupled model or graph)."""
-        spans = self._maybe_trace(request.model)
-        trace = Trace(request.id, request.model, spans) if spans is not None else None
+        model = request.model
+        self.admission.enter(model)
+        spans = self._maybe_trace(model)
+        trace = Trace(request.id, model, spans) if spans is not None else None
         try:
             async for response in self.engine.stream_request(request, trace=spans):
                 yield response
@@ -147,6 +154,7 @@ class DataPlane:
                 trace.ok, trace.error = False, str(exc)
             raise
         finally:
+            self.admission.leave(model)
             if trace is not None:
                 self.traces.append(trace)
 
@@ -177,7 +185,15 @@ class DataPlane:
             )
 
     async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        """``parameters``: ``config`` (ModelConfig JSON) and ``file:<path>`` (bytes) entries."""
+        """``parameters``: ``config`` (ModelConfig JSON) and ``file:<path>`` (bytes) entries;
+        or ``split_weights`` alone, which changes a graph's split weights without a reload (in
+        any control mode: nothing is loaded)."""
+        if parameters and "split_weights" in parameters:
+            if len(parameters) > 1:
+                raise InvalidArgument(f"load of '{name}': 'split_weights' cannot be combined with a load")
+            weights = parse_split_weights(name, parameters["split_weights"])
+            set_split_weights(self.engine.registry, name, weights)
+            return
         self._check_control("load", name)
         parameters = parameters or {}
         config = parameters.get("config")
@@ -224,21 +240,31 @@ class DataPlane:
                 setattr(target, key, getattr(self.trace_settings, key))
                 continue
             if key == "trace_level":
-                levels = [value] if isinstance(value, str) else [str(v) for v in value]
+                levels = [value] if isinstance(value, str) else value
+                if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
+                    raise InvalidArgument("trace_level must be a string or a list of strings")
                 bad = [v for v in levels if v not in ("OFF", "TIMESTAMPS", "TENSORS")]
                 if bad:
                     raise InvalidArgument(f"trace_level must be OFF, TIMESTAMPS or TENSORS, got {bad}")
-                target.trace_level = levels
-            elif key in ("trace_rate", "trace_count", "log_frequency"):
-                text = value[0] if isinstance(value, list) else value
+                target.trace_level = list(levels)
+                continue
+            if isinstance(value, list):  # gRPC sends every value as a list
+                if not value:
+                    raise InvalidArgument(f"trace setting '{key}' has an empty list of values")
+                value = value[0]
+            if key in ("trace_rate", "trace_count", "log_frequency"):
+                if isinstance(value, bool) or not isinstance(value, int | str):
+                    raise InvalidArgument(f"trace setting '{key}' must be an integer, got {value!r}")
                 try:
-                    setattr(target, key, int(text))
-                except (TypeError, ValueError):
+                    setattr(target, key, int(value))
+                except ValueError:
                     raise InvalidArgument(
                         f"trace setting '{key}' must be an integer, got {value!r}"
                     ) from None
+            elif isinstance(value, str):
+                setattr(target, key, value)
             else:
-                setattr(target, key, value[0] if isinstance(value, list) else str(value))
+                raise InvalidArgument(f"trace setting '{key}' must be a string, got {value!r}")
         if model:
             self.model_trace_settings[model] = target
         else:

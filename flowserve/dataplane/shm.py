@@ -47,7 +47,7 @@ class SharedMemoryRegistry:
                 f"shared memory region '{name}': invalid offset {offset} / byte_size {byte_size}"
             )
         fname = key.lstrip("/")
-        if not fname or "/" in fname or fname in (".", ".."):
+        if not fname or "/" in fname or "\0" in fname or fname in (".", ".."):
             raise InvalidArgument(f"shared memory region '{name}': invalid key '{key}'")
         path = SHM_ROOT / fname
         try:

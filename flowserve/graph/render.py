@@ -165,6 +165,11 @@ def _node_lines(node: PlanNode, models: Mapping[str, ModelSpec]) -> tuple[str, .
     if spec.kind == "switch" and spec.switch is not None:
         lines.append("switch")
         lines += [f"{b}: {case_text(spec.switch, b)}" for b in spec.switch.branches]
+    elif spec.kind == "split" and spec.split is not None:
+        lines.append("split")
+        lines += [f"{a.name} ({a.weight:g}): {a.target}" for a in spec.split.arms]
+        if spec.split.shadow is not None:
+            lines.append(f"shadow: {spec.split.shadow.target}")
     elif spec.kind == "backend":
         backend = target.platform or target.backend if target is not None else ""
         lines.append(f"backend: {backend}" if backend else "backend")

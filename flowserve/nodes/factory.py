@@ -23,12 +23,13 @@ from flowserve.nodes.backends.base import backend_signature
 from flowserve.nodes.batching import Batcher
 from flowserve.nodes.python import PythonNode, python_signature
 from flowserve.nodes.sequence import SequenceBatcher
+from flowserve.nodes.split import SplitNode, split_signature
 from flowserve.nodes.step import StepNode, step_signature
 from flowserve.nodes.switch import SwitchNode, switch_signature
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.repository import Scan
-from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph
+from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph, node_targets
 from flowserve.spec.sequence import sequence_from_config
 
 
@@ -48,7 +49,7 @@ def graph_specs(scan: Scan) -> dict[str, GraphSpec]:
 
 
 def dependencies(spec: GraphSpec) -> set[str]:
-    return {n.target for n in spec.nodes.values() if n.kind in ("model", "graph")}
+    return {t for n in spec.nodes.values() for t in node_targets(n)}
 
 
 def compile_all(scan: Scan, known: dict[str, Plan] | None = None) -> Compiled:
@@ -101,6 +102,8 @@ def _resolver(models: dict[str, ModelSpec], catalog: dict[str, Plan]):  # type: 
             return python_signature(node)
         if node.kind == "switch":
             return switch_signature(node, None)
+        if node.kind == "split":
+            return split_signature(node, catalog)
         plan = catalog.get(node.target)
         if plan is None:
             what = "model" if node.kind == "model" else "graph"
@@ -150,6 +153,8 @@ def _build(
         return PythonNode(spec, plan.name)
     if spec.kind == "switch":
         return SwitchNode(spec)
+    if spec.kind == "split":
+        return SplitNode(spec, registry, clock)
     return StepNode(spec.name, registry, spec.target, spec.version)
 
 
@@ -167,6 +172,10 @@ def _batched(node: Node, pnode: PlanNode, model: ModelSpec | None, stats: ModelS
         return node
     if spec.kind == "switch":
         raise InvalidArgument("a switch node cannot batch (its rows would take different branches)")
+    if spec.kind == "split":
+        raise InvalidArgument(
+            "a split node cannot batch (a merged batch would take one arm); batch in its arms"
+        )
     if isinstance(node, StepNode) and node.registry.has(node.target):
         limit = node.registry.get(node.target, node.version).plan.max_batch_size
         if 0 < limit < spec.batching.max_batch_size:

@@ -8,24 +8,34 @@ A call waits for a free instance, so an instance runs one batch at a time, as in
 Handing a call to a thread and back costs 100 to 200 us on a small machine, several times
 the work of a cheap Python node or model. A pool created with ``inline=True`` therefore runs a
 call directly on the event loop while its measured execution time stays under a threshold
-(default 100 us; ``configure_inline``), and on the worker thread otherwise: see
-:class:`InlinePolicy`. Measured with the bundled "simple" model in-process: 5.3k -> 44k
-infer/s (benchmarks/README.md). Backends whose frameworks are thread-affine keep inline off.
+(default 1 ms; ``configure_inline``), and on the worker thread otherwise: see
+:class:`InlinePolicy`. Python work holds the GIL, so on a thread it does not leave the loop
+free anyway; the threshold only sends calls that block (I/O, sleeps, long native work) to
+their threads. Measured in-process (benchmarks/inline.py, see benchmarks/README.md): the
+bundled "simple" model without batching, and add_sub with dynamic batching, inline vs on
+threads. Backends whose frameworks are thread-affine keep inline off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from flowserve.nodes.ratelimit import Ticket
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_inline_threshold_ns = 100_000
+log = logging.getLogger("flowserve")
+
+_inline_threshold_ns = 1_000_000
 
 
 def configure_inline(threshold_us: float) -> None:
@@ -37,28 +47,69 @@ def configure_inline(threshold_us: float) -> None:
 class InlinePolicy:
     """Whether the next call may run on the event loop, from the durations seen so far.
 
-    Pure bookkeeping, no clock of its own: ``observe(ns)`` after each call, ``inline()`` before.
+    Pure bookkeeping, no clock of its own: ``observe(ns)`` after each call on the thread,
+    ``observe_inline(ns)`` after each call on the loop, ``inline()`` before each call.
     The first ``probe`` calls run on the thread to measure; after that a call runs inline while
     the moving average (weight 1/10 for the newest call) stays under the threshold. A slow call
     lifts the average in proportion to how slow it was, so a node that turns slow goes back to
     its thread after one slow call, for as long as the average needs to decay (a 50 ms call
     over a 20 us habit: about 40 calls), while a brief preemption costs only a few calls.
+
+    A call timed on its thread also counts the time that thread waited for the GIL while the
+    loop ran: a cheap Python call looks slow there (measured: 100 us calls timed at several
+    ms while the loop was busy), and would stay on the thread for good. So while the average
+    is under ``reprobe_below_ns``, every ``reprobe_every``-th call is tried on the loop again,
+    where it holds the GIL and its time is its own: a cheap result resets the average.
     """
 
-    __slots__ = ("_avg", "_seen", "probe", "threshold_ns")
+    __slots__ = (
+        "_avg",
+        "_probing",
+        "_seen",
+        "_since",
+        "probe",
+        "reprobe_below_ns",
+        "reprobe_every",
+        "threshold_ns",
+    )
 
-    def __init__(self, threshold_ns: int, probe: int = 8) -> None:
+    def __init__(
+        self, threshold_ns: int, probe: int = 8, reprobe_every: int = 32, reprobe_below_ns: int = 10_000_000
+    ) -> None:
         self.threshold_ns = threshold_ns
         self.probe = probe
+        self.reprobe_every = reprobe_every
+        self.reprobe_below_ns = reprobe_below_ns
         self._avg = 0.0
         self._seen = 0
+        self._since = 0
+        self._probing = False
 
     def inline(self) -> bool:
-        return self.threshold_ns > 0 and self._seen >= self.probe and self._avg < self.threshold_ns
+        if self.threshold_ns <= 0 or self._seen < self.probe:
+            return False
+        if self._avg < self.threshold_ns:
+            return True
+        self._since += 1
+        if self._since >= self.reprobe_every and self._avg < self.reprobe_below_ns:
+            self._since = 0
+            self._probing = True
+            return True
+        return False
 
     def observe(self, ns: int) -> None:
         self._seen += 1
         self._avg = ns if self._seen == 1 else 0.9 * self._avg + 0.1 * ns
+
+    def observe_inline(self, ns: int) -> None:
+        """A call that ran on the loop: its time is trusted over the thread's (see above)."""
+        if self._probing:
+            self._probing = False
+            if ns < self.threshold_ns:
+                self._seen += 1
+                self._avg = ns
+                return
+        self.observe(ns)
 
 
 class Worker:
@@ -69,6 +120,9 @@ class Worker:
 
     async def call(self, fn: Callable[..., R], *args: object) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def submit(self, fn: Callable[..., R], *args: object) -> concurrent.futures.Future[R]:
+        return self._pool.submit(fn, *args)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -83,6 +137,10 @@ class InstancePool(Generic[T]):
         self._free: list[tuple[T, Worker]] = []
         self._all: list[tuple[T, Worker]] = []
         self._sem: asyncio.Semaphore | None = None
+        self._abandoned: set[Worker] = set()
+        # the rate limiter's ticket of each instance that needs resources (nodes/ratelimit.py);
+        # None when none does, so the calls below pay one attribute test for it
+        self._tickets: dict[Worker, Ticket] | None = None
 
     async def add(self, factory: Callable[[int], T]) -> T:
         """Create one instance by calling ``factory(index)`` on the instance's own thread."""
@@ -98,6 +156,38 @@ class InstancePool(Generic[T]):
         self._sem = asyncio.Semaphore(len(self._free))
         return instance
 
+    async def add_many(self, factory: Callable[[int], T], count: int, parallel: int = 1) -> None:
+        """Create ``count`` instances, up to ``parallel`` at once (each on its own thread).
+
+        With ``parallel`` 1 this is ``add`` in a loop (stops at the first failure). In parallel,
+        every instance is attempted; the ones created join the pool in index order (so ``close``
+        releases them) and the first failure, by index, is raised."""
+        if parallel <= 1 or count <= 1:
+            for _ in range(count):
+                await self.add(factory)
+            return
+        base = len(self._all)
+        workers = [Worker(f"{self.name}-{base + i}") for i in range(count)]
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(i: int) -> T:
+            async with gate:
+                return await workers[i].call(factory, base + i)
+
+        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+        error: BaseException | None = None
+        for result, worker in zip(results, workers, strict=True):
+            if isinstance(result, BaseException):
+                worker.shutdown()
+                error = error or result
+                continue
+            self._all.append((result, worker))
+            self._free.append((result, worker))
+        if self._free:
+            self._sem = asyncio.Semaphore(len(self._free))
+        if error is not None:
+            raise error
+
     @property
     def instances(self) -> list[T]:
         return [i for i, _ in self._all]
@@ -106,25 +196,81 @@ class InstancePool(Generic[T]):
         self, fn: Callable[[T, R], object], arg: R, on_acquired: Callable[[], None] | None = None
     ) -> object:
         """Run ``fn(instance, arg)`` with a free instance: on the loop when the inline policy
-        allows, else on the instance's thread."""
+        allows, else on the instance's thread.
+
+        If the caller is cancelled (request timeout, client gone) while the call runs on the
+        thread, the call cannot be stopped: the instance stays out of the pool until it returns
+        (``abandoned`` counts such instances), so no new request queues unseen behind a hung
+        call; an instance with an ``abandon()`` method (a child process) is told to stop."""
         sem = self._sem
         if sem is None:
             raise RuntimeError(f"{self.name}: no instance loaded")
+        if self._tickets is not None:
+            return await self._run_limited(sem, fn, arg, on_acquired)
         policy = self.policy
-        async with sem:
-            pair = self._free.pop()
+        await sem.acquire()
+        pair = self._free.pop()
+        give_back = True
+        try:
             if on_acquired is not None:
                 on_acquired()
+            if policy.inline():
+                start = time.perf_counter_ns()
+                try:
+                    return fn(pair[0], arg)
+                finally:
+                    policy.observe_inline(time.perf_counter_ns() - start)
+            job = pair[1].submit(_timed, policy, fn, pair[0], arg)
             try:
-                if policy.inline():
-                    start = time.perf_counter_ns()
-                    try:
-                        return fn(pair[0], arg)
-                    finally:
-                        policy.observe(time.perf_counter_ns() - start)
-                return await pair[1].call(_timed, policy, fn, pair[0], arg)
-            finally:
+                return await asyncio.wrap_future(job)
+            except asyncio.CancelledError:
+                # the caller gave up (request timeout, client gone, sibling failed). A call that
+                # has not started is dropped; one that is running cannot be stopped, so its
+                # instance stays out of the pool until the call returns
+                if not job.cancel() and not job.done():
+                    give_back = False
+                    self._abandon(pair, job, sem)
+                raise
+        finally:
+            if give_back:
                 self._free.append(pair)
+                sem.release()
+
+    @property
+    def abandoned(self) -> int:
+        """Instances busy with a call whose caller gave up (a hung node): they take no new work."""
+        return len(self._abandoned)
+
+    def _abandon(
+        self, pair: tuple[T, Worker], job: concurrent.futures.Future[object], sem: asyncio.Semaphore
+    ) -> None:
+        worker = pair[1]
+        self._abandoned.add(worker)
+        log.warning(
+            "%s: an instance is still running a call that its request abandoned; it takes no new "
+            "work until that call returns (%d of %d instances held so)",
+            self.name,
+            len(self._abandoned),
+            len(self._all),
+        )
+        loop = asyncio.get_running_loop()
+        abandon = getattr(pair[0], "abandon", None)
+        if callable(abandon):  # an instance that can stop its call (a child process) does so
+            with contextlib.suppress(Exception):
+                abandon()
+
+        def returned(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to give back to
+                loop.call_soon_threadsafe(self._returned, pair, sem)
+
+        job.add_done_callback(returned)
+
+    def _returned(self, pair: tuple[T, Worker], sem: asyncio.Semaphore) -> None:
+        self._abandoned.discard(pair[1])
+        if self._sem is sem:  # not closed meanwhile
+            log.info("%s: an abandoned call returned; the instance serves again", self.name)
+            self._free.append(pair)
+            sem.release()
 
     async def run_async(self, fn: Callable[[T, R], Awaitable[object]], arg: R) -> object:
         """Await ``fn(instance, arg)`` on the event loop with a free instance (async user code)."""
@@ -142,7 +288,75 @@ class InstancePool(Generic[T]):
         """Run ``fn(instance, arg)`` on instance ``index``'s thread (a sequence stays on one
         instance). The caller keeps calls to one instance one at a time."""
         instance, worker = self._all[index]
+        if self._tickets is not None and worker in self._tickets:
+            ticket = self._tickets[worker]
+            await ticket.acquire()
+            return await asyncio.wrap_future(_submit_admitted(worker, ticket, fn, instance, arg))
         return await worker.call(fn, instance, arg)
+
+    # ---------------------------------------------------------------- rate limiter
+
+    def limit(self, tickets: Sequence[Ticket | None]) -> None:
+        """From now on instance ``i`` runs only holding ``tickets[i]``'s resources (None: it
+        needs none); see nodes/ratelimit.py."""
+        held = {w: t for (_, w), t in zip(self._all, tickets, strict=True) if t is not None}
+        self._tickets = held or None
+
+    async def _run_limited(
+        self,
+        sem: asyncio.Semaphore,
+        fn: Callable[[T, R], object],
+        arg: R,
+        on_acquired: Callable[[], None] | None,
+    ) -> object:
+        """``run`` under the rate limiter, always on the instance's thread: the instance's
+        resources are taken before the call and given back when the call ends on the thread
+        (even when its caller gave up meanwhile), so instances that share a resource never
+        run at the same time."""
+        tickets = self._tickets
+        assert tickets is not None
+        await sem.acquire()
+        pair = self._free.pop()
+        give_back = True
+        try:
+            ticket = tickets.get(pair[1])
+            if ticket is None:
+                job = pair[1].submit(fn, pair[0], arg)
+            else:
+                await ticket.acquire()
+                job = _submit_admitted(pair[1], ticket, fn, pair[0], arg)
+            if on_acquired is not None:
+                on_acquired()
+            try:
+                return await asyncio.wrap_future(job)
+            except asyncio.CancelledError:
+                if not job.cancel() and not job.done():
+                    give_back = False
+                    self._abandon(pair, job, sem)
+                raise
+        finally:
+            if give_back:
+                self._free.append(pair)
+                sem.release()
+
+    @contextlib.asynccontextmanager
+    async def _lease_limited(self, sem: asyncio.Semaphore) -> AsyncIterator[tuple[T, Worker]]:
+        tickets = self._tickets
+        assert tickets is not None
+        async with sem:
+            pair = self._free.pop()
+            try:
+                ticket = tickets.get(pair[1])
+                if ticket is None:
+                    yield pair
+                    return
+                await ticket.acquire()
+                try:
+                    yield pair
+                finally:
+                    ticket.release()
+            finally:
+                self._free.append(pair)
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[tuple[T, Worker]]:
@@ -150,6 +364,10 @@ class InstancePool(Generic[T]):
         sem = self._sem
         if sem is None:
             raise RuntimeError(f"{self.name}: no instance loaded")
+        if self._tickets is not None:
+            async with self._lease_limited(sem) as pair:
+                yield pair
+            return
         async with sem:
             pair = self._free.pop()
             try:
@@ -159,7 +377,10 @@ class InstancePool(Generic[T]):
 
     async def close(self, finalize: Callable[[T], None] | None = None) -> None:
         for instance, worker in self._all:
-            if finalize is not None:
+            if worker in self._abandoned:
+                # finalize would wait behind a call that may never return: leave it be
+                log.warning("%s: closed without finalize: an instance is in an abandoned call", self.name)
+            elif finalize is not None:
                 # a failing finalize must not stop the others from closing
                 with contextlib.suppress(Exception):
                     await worker.call(finalize, instance)
@@ -167,6 +388,27 @@ class InstancePool(Generic[T]):
         self._all.clear()
         self._free.clear()
         self._sem = None
+        self._tickets = None
+
+
+def _submit_admitted(
+    worker: Worker, ticket: Ticket, fn: Callable[..., object], *args: object
+) -> concurrent.futures.Future[object]:
+    """Submit a call whose resources ``ticket`` holds; they go back when the call is done on
+    its thread (ran, failed, or was cancelled before it started)."""
+    try:
+        job = worker.submit(fn, *args)
+    except BaseException:
+        ticket.release()
+        raise
+    loop = asyncio.get_running_loop()
+
+    def done(_: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to give back to
+            loop.call_soon_threadsafe(ticket.release)
+
+    job.add_done_callback(done)
+    return job
 
 
 def _timed(policy: InlinePolicy, fn: Callable[[T, R], object], instance: T, arg: R) -> object:

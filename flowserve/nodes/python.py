@@ -14,6 +14,8 @@ The contract (all optional but ``execute``)::
 ``dims`` are full shapes (with any batch dimension). YAML ``outputs`` on the node override the
 class's. A sync ``execute`` runs on the instance's own thread, so a slow node never stalls the
 event loop; an ``async`` one runs on the loop. ``instances.count`` copies run concurrently.
+A cheap sync ``execute`` may run on the event loop (see nodes/instances.py); a class whose
+``execute`` may block sets ``inline = False`` to stay on its thread.
 
 An ``execute`` that is a generator (``yield`` instead of ``return``, sync or async) makes the
 node *decoupled*: each yielded dict is one response, and the nodes behind it run once per
@@ -108,24 +110,39 @@ class PythonNode(Node):
         self._async_gen = inspect.isasyncgenfunction(execute)
         self.decoupled = self._async_gen or inspect.isgeneratorfunction(execute)
         self._with_ctx = len(inspect.signature(execute).parameters) >= 3
-        self.pool: InstancePool[Any] = InstancePool(f"{graph}.{spec.name}", inline=True)
+        # a class that may block (I/O, locks, sleeps) sets ``inline = False``: a cheap call that
+        # runs on the event loop and then blocks would stall every request, and no deadline can
+        # interrupt it there (see nodes/instances.py)
+        inline = bool(getattr(self.cls, "inline", True))
+        # a class (or node) that may crash its process runs each instance in a child process
+        self.isolated = bool(getattr(self.cls, "isolated", False) or spec.parameters.get("isolated") is True)
+        if self.isolated and (self.decoupled or self._async):
+            raise InvalidArgument(
+                f"node '{spec.name}': an isolated node needs a plain (not async, not generator) execute"
+            )
+        self.pool: InstancePool[Any] = InstancePool(
+            f"{graph}.{spec.name}", inline=inline and not self.isolated
+        )
 
     async def start(self) -> None:
         for _ in range(self.spec.instances.count):
             await self.pool.add(self._create)
 
     def _create(self, index: int) -> Any:
+        config = {
+            "name": self.spec.name,
+            "graph": self.graph,
+            "parameters": dict(self.spec.parameters),
+            "instance": index,
+        }
+        if self.isolated:
+            from flowserve.nodes.isolated import IsolatedInstance
+
+            return IsolatedInstance(self.spec.target, config, f"{self.graph}.{self.spec.name}-{index}")
         obj = self.cls()
         init = getattr(obj, "initialize", None)
         if init is not None:
-            init(
-                {
-                    "name": self.spec.name,
-                    "graph": self.graph,
-                    "parameters": dict(self.spec.parameters),
-                    "instance": index,
-                }
-            )
+            init(config)
         return obj
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:

@@ -23,10 +23,12 @@ from prometheus_client.registry import CollectorRegistry
 
 from flowserve.dataplane.plane import DataPlane
 from flowserve.graph.plan import PlanNode
+from flowserve.nodes.split import SplitNode
 from flowserve.observability.httpserver import ASGIApp, AsgiListener, Receive, Scope, Send
 from flowserve.observability.snapshot import node_exec
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import FAILURE_REASONS, Duration, NodeStats
+from flowserve.spec.schema import SplitTarget
 
 MODEL_LABELS = ("model", "version")
 NODE_LABELS = ("model", "version", "node", "kind")
@@ -112,6 +114,60 @@ def _node_families() -> dict[str, _Family]:
     return families
 
 
+SPLIT_LABELS = ("model", "version", "node", "arm", "target")
+SHADOW_LABELS = ("model", "version", "node", "target")
+
+
+def _split_families() -> dict[str, _Family]:
+    spec = [
+        ("flowserve_split_requests", "counter", SPLIT_LABELS, "Requests a split node sent to each arm"),
+        ("flowserve_split_errors", "counter", SPLIT_LABELS, "Requests of each arm that failed"),
+        (
+            "flowserve_split_duration_us",
+            "counter",
+            SPLIT_LABELS,
+            "Cumulative time of each arm's requests in us",
+        ),
+        ("flowserve_split_weight", "gauge", SPLIT_LABELS, "Current weight of each arm"),
+        ("flowserve_shadow_requests", "counter", SHADOW_LABELS, "Copies a split node sent to its shadow"),
+        (
+            "flowserve_shadow_errors",
+            "counter",
+            SHADOW_LABELS,
+            "Shadow copies that failed (never seen by clients)",
+        ),
+        ("flowserve_shadow_dropped", "counter", SHADOW_LABELS, "Copies not sent: max_in_flight were running"),
+        (
+            "flowserve_shadow_duration_us",
+            "counter",
+            SHADOW_LABELS,
+            "Cumulative time of the shadow's requests in us",
+        ),
+    ]
+    return {name: _Family(name, doc, typ, labels) for name, typ, labels, doc in spec}
+
+
+def _split(servable: Servable, node: SplitNode, f: dict[str, _Family]) -> None:
+    base = (servable.name, str(servable.version), node.name)
+    for arm, weight, stats in zip(node.arms, node.weights, node.arm_stats, strict=True):
+        key = (*base, arm.name, _target_label(arm.target))
+        f["flowserve_split_requests"].add(key, stats.calls)
+        f["flowserve_split_errors"].add(key, stats.errors)
+        f["flowserve_split_duration_us"].add(key, _us(stats.duration))
+        f["flowserve_split_weight"].add(key, weight)
+    if node.shadow is not None:
+        where = (*base, _target_label(node.shadow.spec.target))
+        shadow = node.shadow.stats
+        f["flowserve_shadow_requests"].add(where, shadow.calls)
+        f["flowserve_shadow_errors"].add(where, shadow.errors)
+        f["flowserve_shadow_dropped"].add(where, shadow.dropped)
+        f["flowserve_shadow_duration_us"].add(where, _us(shadow.duration))
+
+
+def _target_label(target: SplitTarget) -> str:
+    return f"{target.target}:{target.version}" if target.version else target.target
+
+
 class EngineCollector:
     """A prometheus-client collector over a data plane's engine, read at scrape time."""
 
@@ -123,14 +179,18 @@ class EngineCollector:
         servables = sorted(registry.servables(), key=lambda s: (s.name, s.version))
         models = _model_families()
         nodes = _node_families()
+        splits = _split_families()
         for servable in servables:
             self._model(servable, models)
             for plan_node, stats in zip(servable.plan.nodes, servable.executor.stats, strict=True):
                 self._node(servable, plan_node, stats, nodes)
+            for node in servable.executor.nodes:
+                if isinstance(node, SplitNode):
+                    _split(servable, node, splits)
         state = _Family("flowserve_model_state", "Load state of each model version", "gauge", ())
         for status in registry.index():
             state.add((), 1, model=status.name, version=status.version, state=status.state.value)
-        for family in (*models.values(), state, *nodes.values()):
+        for family in (*models.values(), state, *nodes.values(), *splits.values()):
             yield family.metric
 
     @staticmethod

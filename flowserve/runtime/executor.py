@@ -21,7 +21,7 @@ import numpy as np
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.datatypes import to_numpy
-from flowserve.core.errors import FlowserveError, NodeError, Unavailable, Unsupported
+from flowserve.core.errors import InternalError, NodeError, Unavailable, Unsupported
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.graph.plan import Plan, PlanNode
 from flowserve.runtime.flow import Flow
@@ -34,6 +34,8 @@ class OutputCheck:
     key: str
     dtype: np.dtype[np.generic] | None
     rank: int
+    # (axis, size) of every declared dimension that is not variable (-1)
+    fixed: tuple[tuple[int, int], ...] = ()
 
 
 def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
@@ -41,8 +43,34 @@ def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
     for name in node.outputs:
         spec = node.signature.outputs.get(name)
         dtype = to_numpy(spec.datatype) if spec is not None else None
-        checks.append(OutputCheck(name, f"{node.name}.{name}", dtype, len(spec.dims) if spec else -1))
+        fixed = tuple((i, d) for i, d in enumerate(spec.dims) if d >= 0) if spec is not None else ()
+        checks.append(OutputCheck(name, f"{node.name}.{name}", dtype, len(spec.dims) if spec else -1, fixed))
     return tuple(checks)
+
+
+@dataclass(frozen=True, slots=True)
+class _SingleNode:
+    """A plan of one node fed only by graph inputs: ``flow`` has its bindings decided once
+    (read-only afterwards), for requests that give every input ``keys`` names."""
+
+    flow: Flow
+    keys: frozenset[str]
+    outputs: tuple[tuple[str, str], ...]  # graph output name -> the node's tensor key
+
+
+def _single_node_flow(plan: Plan, decoupled: bool) -> _SingleNode | None:
+    if len(plan.nodes) != 1 or decoupled:
+        return None
+    node = plan.nodes[0]
+    if node.spec.kind == "switch" or any(len(c) != 1 or not c[0].startswith("$") for _, c in node.bindings):
+        return None
+    if any(len(out.keys) != 1 for out in plan.outputs):
+        return None
+    keys = frozenset(c[0][1:] for _, c in node.bindings)
+    flow = Flow(plan)
+    if flow.start({f"${k}" for k in keys}) != [0]:
+        return None
+    return _SingleNode(flow, keys, tuple((out.name, out.keys[0]) for out in plan.outputs))
 
 
 def _own_stats(node: Node) -> NodeStats | None:
@@ -65,12 +93,16 @@ class Executor:
         self._partial = [n.spec.kind == "switch" for n in plan.nodes]
         self._decoupled = [node.decoupled for node in nodes]
         self._any_decoupled = any(self._decoupled)
+        self._single = _single_node_flow(plan, self._any_decoupled)
 
     @property
     def decoupled(self) -> bool:
         return any(self._decoupled)
 
     async def run(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        single = self._single
+        if single is not None and single.keys.issubset(inputs):
+            return await self._run_single(single, inputs, ctx)
         flow = Flow(self.plan)
         env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
         deferred = await self._drive(flow, env, ctx, flow.start(env))
@@ -81,6 +113,13 @@ class Executor:
                 "(gRPC ModelStreamInfer or HTTP generate_stream)"
             )
         return self._finish(flow, env, ctx)
+
+    async def _run_single(self, single: _SingleNode, inputs: TensorMap, ctx: Context) -> TensorMap:
+        """The one node of a one-node plan whose inputs are all given: no dataflow to decide
+        (a model or a one-step graph; most requests), so no per-request Flow."""
+        env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
+        await self._run_node(0, single.flow, env, ctx)
+        return {name: env[key] for name, key in single.outputs if key in env}
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
         """Every response of the graph for one request (one, unless a node is decoupled)."""
@@ -188,7 +227,10 @@ class Executor:
         stats.calls += 1
         stats.in_flight += 1
         try:
-            outputs = await self.nodes[index](inputs, ctx)
+            if ctx.deadline_ns is None:
+                outputs = await self.nodes[index](inputs, ctx)
+            else:
+                outputs = await self._call_by_deadline(self.nodes[index], inputs, ctx, start)
             self._check_outputs(index, outputs)
         except asyncio.CancelledError:
             # cancelled because a sibling failed or the caller went away: not this node's error
@@ -216,19 +258,39 @@ class Executor:
                 env[check.key] = outputs[check.name]
         return outputs
 
+    async def _call_by_deadline(self, node: Node, inputs: TensorMap, ctx: Context, now_ns: int) -> TensorMap:
+        """Await the node, but no longer than the request's deadline (its ``timeout``): past it
+        the wait is abandoned with UNAVAILABLE. The node's work is cancelled; a call already
+        running on an instance's thread cannot be stopped, and that instance stays busy until
+        the call returns (see InstancePool.run)."""
+        assert ctx.deadline_ns is not None
+        timer = asyncio.timeout((ctx.deadline_ns - now_ns) / 1e9)
+        try:
+            async with timer:
+                return await node(inputs, ctx)
+        except TimeoutError:
+            if not timer.expired():
+                raise  # the node's own TimeoutError
+            timeout = ctx.parameters.get("timeout", "?")
+            raise Unavailable(
+                f"request timeout expired ({timeout} us) while the node was running; abandoned"
+            ) from None
+
     def _check_outputs(self, index: int, outputs: TensorMap) -> None:
+        """What a node returned matches what it declares; else INTERNAL (the server's fault,
+        not the client's), and the caller names the node."""
         if not isinstance(outputs, dict):
-            raise FlowserveError(f"returned {type(outputs).__name__}, expected a dict of tensors")
+            raise InternalError(f"returned {type(outputs).__name__}, expected a dict of tensors")
         for check in self._checks[index]:
             array = outputs.get(check.name)
             if array is None:
                 if self._partial[index]:
                     continue
-                raise FlowserveError(
+                raise InternalError(
                     f"did not produce output '{check.name}' (produced: {', '.join(outputs) or 'none'})"
                 )
             if not isinstance(array, np.ndarray):
-                raise FlowserveError(
+                raise InternalError(
                     f"output '{check.name}' is a {type(array).__name__}, expected a numpy array"
                 )
             if (
@@ -236,11 +298,17 @@ class Executor:
                 and array.dtype != check.dtype
                 and not (check.dtype.kind == "O" and array.dtype.kind in "OSU")
             ):
-                raise FlowserveError(f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}")
+                raise InternalError(f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}")
             if check.rank >= 0 and array.ndim != check.rank:
-                raise FlowserveError(
+                raise InternalError(
                     f"output '{check.name}' has shape {list(array.shape)}, declared rank {check.rank}"
                 )
+            for axis, size in check.fixed:
+                if array.shape[axis] != size:
+                    raise InternalError(
+                        f"output '{check.name}' has shape {list(array.shape)}, declared dimension "
+                        f"{axis} is {size}"
+                    )
 
 
 __all__ = ["Executor", "NodeError"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from flowserve.core.errors import NotFound, Unavailable
 from flowserve.runtime.servable import Servable
+from flowserve.spec.schema import node_targets
 
 
 class State(enum.Enum):
@@ -35,7 +36,7 @@ class Registry:
     def add(self, servable: Servable) -> None:
         self._servables.setdefault(servable.name, {})[servable.version] = servable
         uses = tuple(
-            (n.name, n.spec.target) for n in servable.plan.nodes if n.spec.kind in ("model", "graph")
+            (n.name, target) for n in servable.plan.nodes for target in node_targets(n.spec, shadow=False)
         )
         if uses:
             self._uses[servable.name] = uses

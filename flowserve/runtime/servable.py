@@ -12,7 +12,7 @@ from flowserve.graph.plan import Plan
 from flowserve.runtime.cache import ResponseCache, cache_key
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.stats import ModelStats
-from flowserve.runtime.validate import validate_inputs
+from flowserve.runtime.validate import InputValidator
 from flowserve.spec.schema import GraphSpec, ModelSpec
 
 
@@ -32,6 +32,13 @@ class Servable:
     stats: ModelStats = field(default_factory=ModelStats)
     decoupled: bool = False
     cache: ResponseCache | None = None
+    # compiled once: the request check, and the names of the outputs a request may ask for
+    validate: InputValidator = field(init=False, repr=False)
+    output_names: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate = InputValidator(self.plan)
+        self.output_names = frozenset(o.name for o in self.plan.outputs)
 
     @property
     def platform(self) -> str:
@@ -43,7 +50,7 @@ class Servable:
         start = clock.now_ns()
         stats = self.stats
         try:
-            rows = validate_inputs(self.plan, inputs)
+            rows = self.validate(inputs)
         except Exception as exc:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise
@@ -86,7 +93,7 @@ class Servable:
         start = clock.now_ns()
         stats = self.stats
         try:
-            rows = validate_inputs(self.plan, inputs)
+            rows = self.validate(inputs)
         except Exception as exc:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise

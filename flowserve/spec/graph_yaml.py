@@ -6,6 +6,10 @@ Schema (one graph per file)::
     description: text                 # optional
     max_batch_size: 0                 # optional; > 0 means dims below exclude the batch dim
     response_cache: false             # optional; true: identical requests answered from the cache
+    warmup:                           # optional; samples run through the graph before it is READY
+      - {name: zeros, batch_size: 1, inputs: {image: {datatype: UINT8, dims: [8, 8, 3], zero_data: true}}}
+                                      # (or random_data: true, or input_data_file: f.bin under ./warmup/;
+                                      # see flowserve.spec.warmup)
     inputs:
       image: {datatype: UINT8, dims: [-1, -1, 3], optional: false}
     outputs:
@@ -21,12 +25,17 @@ Schema (one graph per file)::
       inner: {graph: other_graph, inputs: {x: net.output}}
       gate:  {switch: {input: $score, payload: $image, default: low,
                        cases: [{branch: high, op: gt, value: 0.5, reduce: any}]}}
+      roll:  {split: {arms: {stable: {model: net, version: 1, weight: 90},
+                             canary: {model: net, version: 2, weight: 10}},
+                      by_parameter: arm, sticky: $user,        # or sticky_parameter: user
+                      shadow: {graph: other_graph, fraction: 0.5}},
+              inputs: {input: pre.tensor}}                   # forwarded to the arm taken
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -34,6 +43,7 @@ from flowserve.core.datatypes import DATATYPES
 from flowserve.core.errors import SpecError, SpecIssue
 from flowserve.spec.schema import (
     NODE_KINDS,
+    STICKY_INPUT,
     BatchingSpec,
     Binding,
     GraphOutput,
@@ -43,12 +53,26 @@ from flowserve.spec.schema import (
     NodeSpec,
     QueuePolicy,
     Ref,
+    ShadowSpec,
+    SplitArm,
+    SplitSpec,
+    SplitTarget,
     SwitchCase,
     SwitchSpec,
     TensorSpec,
 )
+from flowserve.spec.warmup import warmup_from_yaml
 
-_GRAPH_KEYS = {"name", "description", "max_batch_size", "inputs", "outputs", "nodes", "response_cache"}
+_GRAPH_KEYS = {
+    "name",
+    "description",
+    "max_batch_size",
+    "inputs",
+    "outputs",
+    "nodes",
+    "response_cache",
+    "warmup",
+}
 _NODE_KEYS = {
     *NODE_KINDS,
     "version",
@@ -110,6 +134,9 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: _Issues) -> Gr
             if node is not None:
                 nodes[node.name] = node
     outputs = _parse_outputs(doc.get("outputs"), issues)
+    warmup = warmup_from_yaml(
+        doc.get("warmup"), Path(source).parent, inputs, max_batch, lambda m, f: issues.add(m, field=f)
+    )
     return GraphSpec(
         name=name,
         source=source,
@@ -119,6 +146,7 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: _Issues) -> Gr
         max_batch_size=max_batch,
         description=str(doc.get("description", "")),
         response_cache=bool(doc.get("response_cache", False)),
+        warmup=warmup,
     )
 
 
@@ -234,11 +262,18 @@ def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
             if binding is not None:
                 inputs[str(in_name)] = binding
     switch = None
+    split = None
     target = ""
     if kind == "switch":
         switch = _parse_switch(raw["switch"], issues, name)
         if switch is not None:
             inputs = {"on": (switch.on,), "payload": (switch.payload,)}
+    elif kind == "split":
+        split = _parse_split(raw["split"], issues, name)
+        if split is None:
+            return None
+        if split.sticky is not None:
+            inputs[STICKY_INPUT] = (split.sticky,)
     else:
         target = raw[kind]
         if not isinstance(target, str) or not target:
@@ -262,6 +297,7 @@ def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
         instances=_parse_instances(raw.get("instances"), issues, name),
         parameters=params,
         switch=switch,
+        split=split,
     )
 
 
@@ -327,6 +363,102 @@ def _parse_switch(raw: Any, issues: _Issues, node: str) -> SwitchSpec | None:
         issues.add("must be a branch name", node, "switch.default")
         default = None
     return SwitchSpec(on, payload, tuple(cases), default)
+
+
+def _parse_target(raw: Any, issues: _Issues, node: str, field: str, extra: set[str]) -> SplitTarget | None:
+    """``{model: name, version: 2}`` or ``{graph: name}`` (plus the ``extra`` keys allowed)."""
+    if not isinstance(raw, dict):
+        issues.add("must be a mapping with 'model' (and maybe 'version') or 'graph'", node, field)
+        return None
+    unknown = set(raw) - {"model", "graph", "version", *extra}
+    if unknown:
+        issues.add(f"unknown keys {sorted(map(str, unknown))}", node, field)
+    kinds = [k for k in ("model", "graph") if k in raw]
+    if len(kinds) != 1 or not isinstance(raw[kinds[0]], str) or not raw[kinds[0]]:
+        issues.add("needs exactly one of 'model: NAME' or 'graph: NAME'", node, field)
+        return None
+    kind: Literal["model", "graph"] = "model" if kinds[0] == "model" else "graph"
+    version = raw.get("version", "")
+    if kind == "graph" and version not in ("", None):
+        issues.add("a graph has no versions", node, f"{field}.version")
+    return SplitTarget(kind, raw[kind], str(version) if kind == "model" and version is not None else "")
+
+
+def _number(raw: Any, issues: _Issues, node: str, field: str, low: float, high: float | None) -> float | None:
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, int | float)
+        or raw < low
+        or (high is not None and raw > high)
+    ):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        issues.add(f"must be a number {bound}, got {raw!r}", node, field)
+        return None
+    return float(raw)
+
+
+def _parse_split(raw: Any, issues: _Issues, node: str) -> SplitSpec | None:
+    keys = {"arms", "by_parameter", "sticky", "sticky_parameter", "shadow"}
+    if not isinstance(raw, dict):
+        issues.add(f"must be a mapping with keys {sorted(keys)}", node, "split")
+        return None
+    before = len(issues.items)
+    unknown = set(raw) - keys
+    if unknown:
+        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {sorted(keys)})", node, "split")
+    raw_arms = raw.get("arms")
+    arms: list[SplitArm] = []
+    if not isinstance(raw_arms, dict) or not raw_arms:
+        issues.add(
+            "must be a non-empty mapping of arm name to {model|graph, version, weight}", node, "split.arms"
+        )
+    else:
+        for arm_name, arm in raw_arms.items():
+            field = f"split.arms.{arm_name}"
+            target = _parse_target(arm, issues, node, field, {"weight"})
+            weight = (
+                _number(arm.get("weight", 1), issues, node, f"{field}.weight", 0, None) if target else None
+            )
+            if target is not None and weight is not None:
+                arms.append(SplitArm(str(arm_name), target, weight))
+        if arms and len(arms) == len(raw_arms) and sum(a.weight for a in arms) <= 0:
+            issues.add("the arms' weights must not all be 0", node, "split.arms")
+    for key in ("by_parameter", "sticky_parameter"):
+        if not isinstance(raw.get(key, ""), str):
+            issues.add("must be a request parameter name", node, f"split.{key}")
+    sticky = None
+    if raw.get("sticky") is not None:
+        sticky = parse_ref(raw["sticky"])
+        if sticky is None:
+            issues.add(
+                f"{raw['sticky']!r} is not a tensor reference ('$input' or 'node.tensor')",
+                node,
+                "split.sticky",
+            )
+        elif raw.get("sticky_parameter"):
+            issues.add("set 'sticky' (a tensor) or 'sticky_parameter', not both", node, "split.sticky")
+    shadow = None
+    if raw.get("shadow") is not None:
+        extra = {"fraction", "max_in_flight"}
+        shadow_raw = raw["shadow"]
+        target = _parse_target(shadow_raw, issues, node, "split.shadow", extra)
+        if target is not None:
+            fraction = _number(shadow_raw.get("fraction", 1.0), issues, node, "split.shadow.fraction", 0, 1)
+            limit = shadow_raw.get("max_in_flight", 64)
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                issues.add(f"must be an integer >= 1, got {limit!r}", node, "split.shadow.max_in_flight")
+                limit = 64
+            if fraction is not None:
+                shadow = ShadowSpec(target, fraction, limit)
+    if len(issues.items) > before:
+        return None
+    return SplitSpec(
+        arms=tuple(arms),
+        by_parameter=str(raw.get("by_parameter", "")),
+        sticky=sticky,
+        sticky_parameter=str(raw.get("sticky_parameter", "")),
+        shadow=shadow,
+    )
 
 
 def _parse_batching(raw: Any, issues: _Issues, node: str) -> BatchingSpec | None:

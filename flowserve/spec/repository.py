@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,24 +130,17 @@ def override_scan(
 
     With files, the model lives in a fresh directory under ``root`` holding only them; without,
     the repository directory is used with the overriding config. File paths must stay inside
-    the model directory: no absolute paths, no '..'.
+    the model directory: no absolute paths, no '..', no writing through a symbolic link.
     """
     from flowserve.core.errors import InvalidArgument
     from flowserve.spec.triton import model_spec, parse_config_json
 
+    check_model_name(name)
     config = parse_config_json(config_json)
     if files:
-        target = root / f"{name}-{len(list(root.iterdir()))}" / name
-        target.mkdir(parents=True)
-        for rel, data in files.items():
-            parts = Path(rel).parts
-            if Path(rel).is_absolute() or not parts or ".." in parts:
-                raise InvalidArgument(
-                    f"load of '{name}': file path '{rel}' must stay inside the model directory"
-                )
-            path = target.joinpath(*parts)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+        target = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root)) / name
+        target.mkdir()
+        write_override_files(name, target, files)
         model_dir = target
     if model_dir is None:
         raise InvalidArgument(f"load of '{name}': no model directory; send files with the config")
@@ -154,6 +149,38 @@ def override_scan(
     spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues)
     scan.add_model(name, spec, issues)
     return scan
+
+
+def check_model_name(name: str) -> None:
+    """A model name from a request names one directory: no separators, not '.' or '..'."""
+    from flowserve.core.errors import InvalidArgument
+
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise InvalidArgument(f"invalid model name {name!r}: it must name one directory")
+
+
+def write_override_files(name: str, target: Path, files: dict[str, bytes]) -> None:
+    """Write a load request's ``file:`` entries under ``target`` and nowhere else: relative
+    paths without '..', and no path whose directories or file are symbolic links (a link could
+    lead out of the model directory), checked on the resolved path and again when opening."""
+    from flowserve.core.errors import InvalidArgument
+
+    root = target.resolve()
+    for rel, data in files.items():
+        where = f"load of '{name}': file path '{rel}'"
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or not parts or ".." in parts or "\0" in rel:
+            raise InvalidArgument(f"{where} must stay inside the model directory")
+        path = target.joinpath(*parts)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.resolve().is_relative_to(root) or path.is_symlink():
+                raise InvalidArgument(f"{where} leads out of the model directory (symbolic link)")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise InvalidArgument(f"{where} cannot be written: {exc.strerror}") from None
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
 
 
 def fingerprint(path: Path) -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # "backend" is internal: the one node of a repository model's own graph, running its backend.
-NodeKind = Literal["model", "python", "switch", "graph", "backend"]
-NODE_KINDS: tuple[NodeKind, ...] = ("model", "python", "switch", "graph")
+NodeKind = Literal["model", "python", "switch", "graph", "split", "backend"]
+NODE_KINDS: tuple[NodeKind, ...] = ("model", "python", "switch", "graph", "split")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +73,47 @@ class BatchingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """A rate-limiter resource an instance needs while it runs (Triton's
+    ``instance_group.rate_limiter.resources``): ``global_`` resources are shared by every
+    device, the others exist once per device."""
+
+    name: str
+    count: int
+    global_: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceSpec:
     count: int = 1
     kind: Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"] = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
+    # rate limiter (used only when the server enables it): resources and priority (0 acts as 1;
+    # priority 2 gets half the scheduling chances of priority 1)
+    resources: tuple[ResourceSpec, ...] = ()
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupInput:
+    """One input of a warmup sample: ``source`` is "zero", "random" or "file" (``path``, raw
+    row-major bytes; BYTES elements as a 4-byte length then the bytes, as Triton reads them)."""
+
+    datatype: str
+    dims: tuple[int, ...]
+    source: Literal["zero", "random", "file"] = "zero"
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSpec:
+    """A warmup sample (Triton's ``ModelWarmup``): run ``count`` times (at least once) through
+    each instance before the model reports READY; ``batch_size`` rows when the model batches."""
+
+    name: str
+    inputs: dict[str, WarmupInput]
+    batch_size: int = 1
+    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +146,54 @@ class SwitchSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SplitTarget:
+    """A servable a split node calls: a repository model (``kind`` "model", maybe a version)
+    or a graph."""
+
+    kind: Literal["model", "graph"]
+    target: str
+    version: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} '{self.target}'" + (f" version {self.version}" if self.version else "")
+
+
+@dataclass(frozen=True, slots=True)
+class SplitArm:
+    name: str
+    target: SplitTarget
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSpec:
+    """A copy of (a ``fraction`` of) the requests goes to ``target``; its answer is discarded.
+    At most ``max_in_flight`` copies run at once (more are dropped and counted)."""
+
+    target: SplitTarget
+    fraction: float = 1.0
+    max_in_flight: int = 64
+
+
+# the node input a split's sticky key tensor arrives on (it is not passed on to the arm)
+STICKY_INPUT = "split.sticky"
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSpec:
+    """Traffic split between arms (canary, A/B): the arm named by request parameter
+    ``by_parameter`` when the request sets it; else, with a sticky key (the ``sticky`` input or
+    the ``sticky_parameter`` request parameter), the arm the key's hash falls into by weight;
+    else a weighted random draw. ``shadow`` mirrors requests to one more target."""
+
+    arms: tuple[SplitArm, ...]
+    by_parameter: str = ""
+    sticky: Ref | None = None
+    sticky_parameter: str = ""
+    shadow: ShadowSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSpec:
     name: str
     kind: NodeKind
@@ -120,6 +205,20 @@ class NodeSpec:
     instances: InstanceSpec = InstanceSpec()
     parameters: dict[str, Any] = field(default_factory=dict)
     switch: SwitchSpec | None = None
+    split: SplitSpec | None = None
+
+
+def node_targets(node: NodeSpec, shadow: bool = True) -> tuple[str, ...]:
+    """The servables a node calls: a model or graph step's target, a split's arms and (unless
+    ``shadow`` is false: a shadow never makes a graph unready) its shadow."""
+    if node.kind in ("model", "graph"):
+        return (node.target,)
+    if node.split is not None:
+        names = [a.target.target for a in node.split.arms]
+        if shadow and node.split.shadow is not None:
+            names.append(node.split.shadow.target.target)
+        return tuple(dict.fromkeys(names))
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +242,7 @@ class GraphSpec:
     description: str = ""
     platform: str = "flowserve_graph"
     response_cache: bool = False
+    warmup: tuple[WarmupSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +268,7 @@ class ModelSpec:
     decoupled: bool = False
     graph: GraphSpec | None = None
     config: Any = None
+    warmup: tuple[WarmupSpec, ...] = ()
 
 
 def model_graph(model: ModelSpec) -> GraphSpec:

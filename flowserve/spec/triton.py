@@ -29,8 +29,11 @@ from flowserve.spec.schema import (
     NodeSpec,
     QueuePolicy,
     Ref,
+    ResourceSpec,
     TensorSpec,
+    WarmupSpec,
 )
+from flowserve.spec.warmup import warmup_from_config
 
 ModelConfig = mc.ModelConfig
 
@@ -60,6 +63,8 @@ DEFAULT_FILENAMES = {
     "openvino": "model.xml",
     "tensorflow": "model.savedmodel",
 }
+# platform -> default model file, where it differs from its backend's.
+PLATFORM_FILENAMES = {"tensorflow_graphdef": "model.graphdef"}
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 
 
@@ -240,11 +245,19 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
         graph = ensemble_graph(config, source, inputs, outputs, issues)
         if graph is None:
             return None
+    warmup = _warmup(config, model_dir, inputs, backend, source, issues)
+    if warmup is None:
+        return None
     instances = tuple(
         InstanceSpec(
             count=max(int(g.count), 1),
             kind=mc.ModelInstanceGroup.Kind.Name(g.kind),
             gpus=tuple(g.gpus),
+            resources=tuple(
+                ResourceSpec(r.name, int(r.count), bool(getattr(r, "global")))
+                for r in g.rate_limiter.resources
+            ),
+            priority=int(g.rate_limiter.priority),
         )
         for g in config.instance_group
     )
@@ -257,14 +270,42 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
         inputs=inputs,
         outputs=outputs,
         versions=versions,
-        default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(backend, ""),
+        default_model_filename=config.default_model_filename
+        or PLATFORM_FILENAMES.get(config.platform, DEFAULT_FILENAMES.get(backend, "")),
         batching=batching_from_config(config),
         instances=instances,
         parameters={k: v.string_value for k, v in config.parameters.items()},
         decoupled=bool(config.model_transaction_policy.decoupled),
         graph=graph,
         config=config,
+        warmup=warmup,
     )
+
+
+def _warmup(
+    config: Any,
+    model_dir: Path,
+    inputs: tuple[TensorSpec, ...],
+    backend: str,
+    source: str,
+    issues: list[SpecIssue],
+) -> tuple[WarmupSpec, ...] | None:
+    """The model's ``model_warmup`` samples (None: invalid, with the problems in ``issues``)."""
+    if not config.model_warmup:
+        return ()
+    if backend == "ensemble":
+        issues.append(SpecIssue(source, "an ensemble cannot have model_warmup", field="model_warmup"))
+        return None
+    found: list[SpecIssue] = []
+    samples = warmup_from_config(
+        config,
+        model_dir,
+        inputs,
+        int(config.max_batch_size),
+        lambda message, field: found.append(SpecIssue(source, message, field=field)),
+    )
+    issues.extend(found)
+    return None if found else samples
 
 
 def auto_complete(

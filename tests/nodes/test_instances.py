@@ -43,6 +43,36 @@ def test_a_slow_call_backs_off_in_proportion() -> None:
     assert 1 <= off <= 15
 
 
+def test_calls_slowed_on_the_thread_are_reprobed_on_the_loop() -> None:
+    # timed on its thread, a cheap call looks slow (it waited for the GIL): every 4th call is
+    # tried on the loop, and a cheap time there brings the node back for good
+    policy = InlinePolicy(threshold_ns=100_000, probe=1, reprobe_every=4, reprobe_below_ns=10_000_000)
+    policy.observe(3_000_000)
+    decisions = []
+    for _ in range(8):
+        decisions.append(policy.inline())
+        if not decisions[-1]:
+            policy.observe(3_000_000)
+    assert decisions == [False, False, False, True, False, False, False, True]
+    policy.observe_inline(50_000)
+    assert all(policy.inline() for _ in range(10))
+
+
+def test_a_slow_reprobe_keeps_the_node_on_its_thread() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=1, reprobe_every=2, reprobe_below_ns=10_000_000)
+    policy.observe(3_000_000)
+    assert not policy.inline()
+    assert policy.inline()  # the re-probe
+    policy.observe_inline(2_000_000)
+    assert not policy.inline()
+
+
+def test_nodes_slower_than_the_reprobe_bound_never_run_inline() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=1, reprobe_every=2, reprobe_below_ns=10_000_000)
+    policy.observe(50_000_000)
+    assert not any(policy.inline() for _ in range(20))
+
+
 def test_zero_threshold_never_inlines() -> None:
     policy = InlinePolicy(threshold_ns=0, probe=0)
     policy.observe(1)
@@ -66,7 +96,7 @@ async def test_cheap_calls_move_onto_the_loop_and_slow_ones_stay_off() -> None:
 
     def slow(instance: str, arg: int) -> int:
         seen.append(threading.get_ident() == loop_thread)
-        time.sleep(0.002)  # 2 ms: 20x the threshold
+        time.sleep(0.02)  # 20 ms: 20x the threshold
         return arg
 
     seen.clear()

@@ -15,7 +15,9 @@ from __future__ import annotations
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.service import InferenceServicer
 
@@ -49,9 +51,15 @@ def server_options(max_request_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-async def start_grpc(plane: DataPlane, host: str, port: int) -> GrpcListener:
-    """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``)."""
-    server = grpc.aio.server(options=server_options(plane.limits.max_request_bytes))
+async def start_grpc(
+    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None = None
+) -> GrpcListener:
+    """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
+    ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``)."""
+    interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
+    server = grpc.aio.server(
+        options=server_options(plane.limits.max_request_bytes), interceptors=interceptors
+    )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

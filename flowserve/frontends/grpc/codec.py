@@ -18,9 +18,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from flowserve.core.datatypes import DATATYPES, from_numpy
 from flowserve.core.errors import InvalidArgument
+from flowserve.core.limits import DEFAULT_LIMITS, Limits, check_shape
 from flowserve.core.node import TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import from_list, from_raw, to_raw
+from flowserve.core.wire import check_shm_size, from_list, from_raw, to_raw
 from flowserve.dataplane.shm import SharedMemoryRegistry
 
 # Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
@@ -82,9 +83,10 @@ def set_param(param: Any, value: Any) -> None:
 # ------------------------------------------------------------------ request
 
 
-def decode_request(msg: Any, shm: SharedMemoryRegistry) -> InferRequest:
+def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT_LIMITS) -> InferRequest:
     """A transport-neutral request from a ModelInferRequest; InvalidArgument (naming the
-    tensor) for anything malformed. The caller adds the model's name to decode errors."""
+    tensor) for anything malformed, ResourceExhausted for anything over ``limits``. The caller
+    adds the model's name to decode errors."""
     raw = msg.raw_input_contents
     n_raw = len(raw)
     used = 0
@@ -97,16 +99,16 @@ def decode_request(msg: Any, shm: SharedMemoryRegistry) -> InferRequest:
         if datatype not in DATATYPES:
             raise InvalidArgument(f"input '{name}': unknown datatype '{datatype}'")
         if tensor.parameters and SHM_REGION in tensor.parameters:
-            inputs[name] = _from_shm(tensor, shm)
+            inputs[name] = _from_shm(tensor, shm, limits)
         elif tensor.HasField("contents"):
             if n_raw:
                 raise InvalidArgument(
                     f"input '{name}': typed 'contents' must not be given when the request "
                     "carries raw_input_contents (use one or the other for all inputs)"
                 )
-            inputs[name] = _from_typed(name, datatype, tensor.shape, tensor.contents)
+            inputs[name] = _from_typed(name, datatype, tensor.shape, tensor.contents, limits)
         elif used < n_raw:
-            inputs[name] = from_raw(name, datatype, tensor.shape, raw[used])
+            inputs[name] = from_raw(name, datatype, tensor.shape, raw[used], limits)
             used += 1
         else:
             raise InvalidArgument(
@@ -136,7 +138,7 @@ def _requested(out: Any) -> RequestedOutput:
     return RequestedOutput(out.name, count)
 
 
-def _from_typed(name: str, datatype: str, shape: Any, contents: Any) -> np.ndarray:
+def _from_typed(name: str, datatype: str, shape: Any, contents: Any, limits: Limits) -> np.ndarray:
     wanted = TYPED_FIELD.get(datatype)
     if wanted is None:
         raise InvalidArgument(
@@ -147,7 +149,13 @@ def _from_typed(name: str, datatype: str, shape: Any, contents: Any) -> np.ndarr
             raise InvalidArgument(
                 f"input '{name}': a {datatype} tensor takes its data in '{wanted}', got '{field.name}'"
             )
-    return from_list(name, datatype, list(shape), list(getattr(contents, wanted)))
+    count = check_shape(name, shape, limits)
+    values = getattr(contents, wanted)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"input '{name}': shape {list(shape)} needs {count} elements, '{wanted}' holds {len(values)}"
+        )
+    return from_list(name, datatype, list(shape), list(values), limits)
 
 
 def _shm_param(tensor: Any, key: str, default: int | None = None) -> int:
@@ -159,7 +167,7 @@ def _shm_param(tensor: Any, key: str, default: int | None = None) -> int:
     return value
 
 
-def _from_shm(tensor: Any, shm: SharedMemoryRegistry) -> np.ndarray:
+def _from_shm(tensor: Any, shm: SharedMemoryRegistry, limits: Limits) -> np.ndarray:
     name = tensor.name
     region = param_value(tensor.parameters[SHM_REGION])
     if not isinstance(region, str) or not region:
@@ -168,8 +176,9 @@ def _from_shm(tensor: Any, shm: SharedMemoryRegistry) -> np.ndarray:
         raise InvalidArgument(f"input '{name}': give either a shared memory region or contents, not both")
     size = _shm_param(tensor, SHM_BYTE_SIZE)
     offset = _shm_param(tensor, SHM_OFFSET, 0)
+    check_shm_size(name, tensor.datatype, tensor.shape, size, limits)
     data = shm.read(region, offset, size, name)
-    return from_raw(name, tensor.datatype, tensor.shape, data)
+    return from_raw(name, tensor.datatype, tensor.shape, data, limits)
 
 
 def shm_targets(msg: Any) -> dict[str, ShmTarget] | None:

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from flowserve.core.errors import InvalidArgument, Unsupported
 from flowserve.core.types import InferRequest
+from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.grpc import messages
 from flowserve.frontends.grpc.codec import (
@@ -72,7 +73,7 @@ class InferenceServicer:
 
     def _decode(self, msg: Any) -> tuple[InferRequest, dict[str, ShmTarget] | None]:
         try:
-            request = decode_request(msg, self._shm)
+            request = decode_request(msg, self._shm, self._plane.limits)
             targets = shm_targets(msg) if msg.outputs else None
         except InvalidArgument as exc:
             # an unknown model or version is reported as such, whatever its payload
@@ -83,6 +84,9 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
             decoded, targets = self._decode(request)
+            if "grpc" in self._plane.header_forward:
+                metadata = context.invocation_metadata() or ()
+                forward_headers(decoded.parameters, metadata, self._plane.header_forward["grpc"])
             response = await self._plane.infer(decoded)
             return encode_response(response, self._shm, targets)
         except Exception as exc:

@@ -22,6 +22,8 @@ from flowserve.core.errors import (
     ResourceExhausted,
     Unsupported,
 )
+from flowserve.dataplane.access import Restrictions, http_category
+from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
@@ -104,8 +106,15 @@ def _header_int(value: bytes, name: str) -> int:
 class HttpApp:
     """The ASGI 3 callable serving Triton's HTTP/REST protocol over a :class:`DataPlane`."""
 
-    def __init__(self, plane: DataPlane, mounts: dict[str, ASGIApp] | None = None) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        mounts: dict[str, ASGIApp] | None = None,
+        restrictions: Restrictions | None = None,
+    ) -> None:
         self.plane = plane
+        # restricted API categories (--http-restricted-api); empty: nothing is checked
+        self.restrictions = restrictions or Restrictions()
         prefixes = {p: p.rstrip("/") for p in mounts or {}}
         bad = [p for p, clean in prefixes.items() if not clean.startswith("/") or clean.startswith("/v2")]
         if bad:
@@ -116,6 +125,11 @@ class HttpApp:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.restrictions and scope["type"] == "http":
+            denial = self.restrictions.denial(_category(scope), lambda name: _header(scope, name))
+            if denial is not None:
+                await _send(send, Reply(403, [error_body(denial)]))
+                return
         if self.mounts:
             mounted = self._mounted(scope)
             if mounted is not None:
@@ -254,6 +268,8 @@ class HttpApp:
                 )
             header = parse_json(body[:length], "inference request JSON header")
             request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
+        if "http" in plane.header_forward:
+            forward_headers(request.parameters, scope["headers"], plane.header_forward["http"])
         response = await plane.infer(request)
         encoded = encode_response(plane, response, plan)
         if encoded.blobs:
@@ -403,6 +419,23 @@ class HttpApp:
         if not body.strip():
             return {}
         return parse_json(body, what)
+
+
+def _category(scope: Scope) -> str | None:
+    """The restricted-API category of a request; the mounted UI's trace endpoints are
+    ``trace`` and the rest of it ``statistics`` (it shows models, graphs and their stats)."""
+    path: str = scope["path"]
+    if path.startswith("/v2"):
+        return http_category(scope["method"], path.rstrip("/").split("/"))
+    return "trace" if "/api/trace" in path else "statistics"
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.encode("latin-1")
+    for key, value in scope["headers"]:
+        if key == wanted:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def _need(method: str, wanted: str, path: str) -> None:

@@ -19,9 +19,10 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flowserve.core.datatypes import DATATYPES, from_numpy, to_numpy
-from flowserve.core.errors import InvalidArgument, ResourceExhausted
+from flowserve.core.errors import InvalidArgument
+from flowserve.core.limits import check_shape
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import as_bytes, from_list, from_raw, to_raw
+from flowserve.core.wire import as_bytes, check_shm_size, from_list, from_raw, to_raw
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 
@@ -141,7 +142,7 @@ def _decode_inputs(
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     size = len(binary)
-    max_elements = plane.limits.max_tensor_elements
+    limits = plane.limits
     for item in items:
         if type(item) is not dict:
             raise InvalidArgument(f"inference request for model '{model}': each input must be an object")
@@ -156,15 +157,7 @@ def _decode_inputs(
         shape = item.get("shape")
         if type(shape) is not list:
             raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
-        count = 1
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
-            count *= dim
-        if count > max_elements:
-            raise ResourceExhausted(
-                f"input '{name}': shape {shape} has more than the server's limit of {max_elements} elements"
-            )
+        count = check_shape(name, shape, limits)
         params = item.get("parameters")
         if params is None:
             byte_size = region = None
@@ -191,13 +184,13 @@ def _decode_inputs(
             if dtype is not None and byte_size == count * dtype.itemsize:
                 tensors[name] = np.frombuffer(binary, dtype, count, offset).reshape(shape)
             else:  # BYTES, or a size that does not fit the shape (from_raw says how)
-                tensors[name] = from_raw(name, datatype, shape, binary[offset:end])
+                tensors[name] = from_raw(name, datatype, shape, binary[offset:end], limits)
             offset = end
         elif region is not None:
             assert params is not None
             tensors[name] = _read_shm(plane, name, datatype, shape, region, params)
         else:
-            tensors[name] = from_list(name, datatype, shape, item["data"])
+            tensors[name] = from_list(name, datatype, shape, item["data"], limits)
     if offset != size:
         raise InvalidArgument(
             f"inference request for model '{model}': {size - offset} bytes of binary data follow the "
@@ -225,8 +218,9 @@ def _read_shm(
     plane: DataPlane, name: str, datatype: str, shape: list[int], region: Any, params: dict[str, Any]
 ) -> np.ndarray:
     target = _shm_params(name, region, params)
+    check_shm_size(name, datatype, shape, target.byte_size, plane.limits)
     data = plane.shm.read(target.region, target.offset, target.byte_size, name)
-    return from_raw(name, datatype, shape, data)
+    return from_raw(name, datatype, shape, data, plane.limits)
 
 
 def _requested_outputs(raw: Any, model: str, plan: ResponsePlan) -> list[RequestedOutput]:
@@ -309,7 +303,7 @@ def raw_request(
                 )
             count = len(body) // itemsize
         dims[variable[0]] = count // known if known else 0
-    tensor = from_raw(name, datatype, dims, body)
+    tensor = from_raw(name, datatype, dims, body, plane.limits)
     return InferRequest(model, {name: tensor}, version), ResponsePlan(
         default_binary=True, explicit_default=True
     )

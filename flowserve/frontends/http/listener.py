@@ -12,6 +12,7 @@ import socket
 
 import uvicorn
 
+from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
@@ -54,11 +55,16 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def start_http(
-    plane: DataPlane, host: str, port: int, mounts: dict[str, ASGIApp] | None = None
+    plane: DataPlane,
+    host: str,
+    port: int,
+    mounts: dict[str, ASGIApp] | None = None,
+    restrictions: Restrictions | None = None,
 ) -> HttpListener:
-    """Serve Triton's HTTP/REST protocol for ``plane`` on ``host:port`` (0: any free port)."""
+    """Serve Triton's HTTP/REST protocol for ``plane`` on ``host:port`` (0: any free port);
+    ``restrictions``: API categories that need a header (``--http-restricted-api``)."""
     config = uvicorn.Config(
-        HttpApp(plane, mounts),
+        HttpApp(plane, mounts, restrictions),
         http="httptools",
         ws="auto",
         lifespan="off",

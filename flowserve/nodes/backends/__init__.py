@@ -4,16 +4,25 @@ models that use it, with a message naming the model, the backend and what is mis
 Backend modules import their framework inside ``load_instance`` (through
 :func:`flowserve.nodes.backends._support.require`), so the error is raised when the model
 loads, and the server keeps serving everything else.
+
+Third-party backends (:mod:`flowserve.nodes.backends.api`) are found through the
+``flowserve.backends`` entry points and merged into :data:`BACKENDS` as ``plugin:`` targets
+when this package is imported (metadata only; :func:`refresh_plugins` re-reads them); their
+code is imported when a model first uses them.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+from pathlib import Path
+from typing import Any
 
 from flowserve.core.errors import Unsupported
+from flowserve.nodes.backends import plugins
 from flowserve.nodes.backends.autocomplete import onnx_autocomplete, python_autocomplete
 from flowserve.nodes.backends.base import BackendNode
-from flowserve.spec.triton import AUTOCOMPLETE
+from flowserve.spec.triton import AUTOCOMPLETE, AutoComplete, Completion
 
 # backend name -> "module:class" of its BackendNode subclass
 BACKENDS: dict[str, str] = {
@@ -23,6 +32,8 @@ BACKENDS: dict[str, str] = {
     "tensorrt": "flowserve.nodes.backends.tensorrt:TensorRTBackend",
     "dali": "flowserve.nodes.backends.dali:DaliBackend",
     "fil": "flowserve.nodes.backends.fil:FilBackend",
+    "tensorflow": "flowserve.nodes.backends.tensorflow:TensorFlowBackend",
+    "openvino": "flowserve.nodes.backends.openvino:OpenVinoBackend",
 }
 
 # config auto-complete at scan time (the spec layer calls these; frameworks load lazily)
@@ -30,11 +41,49 @@ AUTOCOMPLETE.setdefault("onnxruntime", onnx_autocomplete)
 AUTOCOMPLETE.setdefault("python", python_autocomplete)
 
 
+def _lazy_hook(target: str) -> AutoComplete:
+    """An auto-complete hook imported from ``module:function`` only when it is called."""
+
+    def hook(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+        module_name, _, name = target.partition(":")
+        found: Completion | None = getattr(importlib.import_module(module_name), name)(
+            config, model_dir, version_dirs
+        )
+        return found
+
+    return hook
+
+
+_HOOKS = "flowserve.nodes.backends"
+AUTOCOMPLETE.setdefault("tensorflow", _lazy_hook(f"{_HOOKS}.tensorflow:savedmodel_autocomplete"))
+AUTOCOMPLETE.setdefault("openvino", _lazy_hook(f"{_HOOKS}.openvino:openvino_autocomplete"))
+
+
+def refresh_plugins() -> list[str]:
+    """(Re)read the ``flowserve.backends`` entry points into BACKENDS and register their
+    auto-complete hooks; returns the plugin backend names found."""
+    found = plugins.discover(BACKENDS)
+    for name in found:
+        AUTOCOMPLETE[name] = plugins.plugin_autocomplete(name, BACKENDS)
+    return sorted(found)
+
+
+try:
+    refresh_plugins()
+except Exception:  # broken metadata must not stop the server: plugin models fail on their own
+    logging.getLogger("flowserve.plugins").exception("reading the flowserve.backends entry points failed")
+
+
 def backend_class(backend: str, model: str) -> type[BackendNode]:
     target = BACKENDS.get(backend)
     if target is None:
+        refresh_plugins()  # installed since this process started?
+        target = BACKENDS.get(backend)
+    if target is None:
         known = ", ".join(sorted(BACKENDS))
         raise Unsupported(f"model '{model}': backend '{backend}' is not supported (available: {known})")
+    if target.startswith(plugins.PLUGIN_PREFIX):
+        return plugins.node_class(backend, target, model)
     module_name, _, cls_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -21,6 +21,9 @@ from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.nodes.batching.tensors import merge_rows, request_rows, split_rows
 from flowserve.nodes.instances import InstancePool
+from flowserve.nodes.loading import load_threads
+from flowserve.nodes.ratelimit import RATE_LIMITER
+from flowserve.nodes.warmup import warm_up_instances
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.schema import ModelSpec, TensorSpec
@@ -43,6 +46,11 @@ class BackendNode(Node):
     # May a cheap call run on the event loop (see nodes/instances.py)? Only for backends whose
     # framework is not thread-affine (no CUDA stream or thread-local session state).
     inline_ok: bool = False
+    # May several instances load at once (Triton's parallel instance loading)? Only for
+    # backends whose loading is thread-safe; up to the engine's load thread count at once.
+    parallel_instance_loading: bool = False
+    # warmup runs done at start (model_warmup samples x count x instances)
+    warmup_runs: int = 0
 
     def __init__(
         self,
@@ -108,8 +116,29 @@ class BackendNode(Node):
         """Release one instance (called on its own thread)."""
 
     async def start(self) -> None:
-        for _ in range(self.instance_count):
-            await self.pool.add(self.load_instance)
+        """Load the instances, then run the model's warmup samples through each; on failure
+        the instances already loaded are released before the error propagates."""
+        parallel = load_threads() if self.parallel_instance_loading else 1
+        limiter = RATE_LIMITER.get()  # the server's rate limiter, when it has one
+        tickets = limiter.tickets(self.model, self.instance_count, self.version) if limiter else None
+        try:
+            await self.pool.add_many(self.load_instance, self.instance_count, parallel)
+            if self.model.warmup:
+                self.warmup_runs += await warm_up_instances(
+                    self.name, self.model.warmup, len(self.pool.instances), self._batched, self._warm_one
+                )
+            if tickets is not None:
+                self.pool.limit(tickets)
+        except BaseException:
+            await self.pool.close(self.unload_instance)
+            raise
+
+    async def _warm_one(self, index: int, inputs: TensorMap) -> object:
+        if self.decoupled:  # its responses come through stream(), on a free instance
+            return [out async for out in self.stream(inputs, Context(request_id="warmup"))]
+        if self._in_reshape:
+            inputs = self._reshape(inputs, self._in_reshape)
+        return await self.pool.run_on(index, self.execute_batch, [inputs])
 
     async def stop(self) -> None:
         await self.pool.close(self.unload_instance)

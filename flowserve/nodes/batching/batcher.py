@@ -25,12 +25,13 @@ per request, one execution of ``rows`` inferences, compute time per request and 
 
 Times come from the injected clock. The asyncio waits derive from it, so with a
 :class:`~flowserve.core.clock.FakeClock` a test moves the clock and calls :meth:`Batcher.wake`.
+Waits run on a :class:`~flowserve.runtime.timer.PreciseTimer`: a 500 us queue delay lasts
+500 us, not the whole millisecond uvloop's own timers would give it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from flowserve.nodes.batching.queues import Entry, PriorityQueue, levels_from_sp
 from flowserve.nodes.batching.runners import BatchExecutor, BatchRunner, InstanceRunner, NodeRunner, Phases
 from flowserve.nodes.batching.tensors import request_key, request_rows
 from flowserve.runtime.stats import ModelStats, NodeStats
+from flowserve.runtime.timer import PreciseTimer
 from flowserve.spec.schema import BatchingSpec
 
 log = logging.getLogger("flowserve")
@@ -112,6 +114,7 @@ class Batcher(Node):
         self._wake = asyncio.Event()
         self._free = 0
         self._task: asyncio.Task[None] | None = None
+        self._timer: PreciseTimer | None = None
 
     @property
     def queued(self) -> int:
@@ -165,6 +168,15 @@ class Batcher(Node):
     # ------------------------------------------------------------------ the batching task
 
     async def _loop(self) -> None:
+        # sub-millisecond queue delays need a precise timer (uvloop's are whole milliseconds)
+        self._timer = PreciseTimer(self._wake.set)
+        try:
+            await self._batch_forever()
+        finally:
+            self._timer.close()
+            self._timer = None
+
+    async def _batch_forever(self) -> None:
         async with asyncio.TaskGroup() as group:
             while True:
                 self._wake.clear()
@@ -201,9 +213,13 @@ class Batcher(Node):
             return
         if wake_at <= now:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout((wake_at - now) / 1e9):
-                await self._wake.wait()
+        timer = self._timer
+        assert timer is not None
+        timer.arm(wake_at - now)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.disarm()
 
     def _dispatch(self, entries: list[Entry[_Call]], group: asyncio.TaskGroup) -> None:
         self._free -= 1
