@@ -265,7 +265,7 @@ class Engine:
             stats = ModelStats()
             started: list[Node] = []
             try:
-                nodes = build_nodes(plan, self.registry, model, version, stats, self.clock)
+                nodes = build_nodes(plan, self.registry, model, version, stats, self.clock, self.cache)
                 for node in nodes:
                     try:
                         await node.start()

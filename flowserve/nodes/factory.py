@@ -8,6 +8,7 @@ compiled plan.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,16 +22,20 @@ from flowserve.graph.plan import Plan, PlanNode, Signature
 from flowserve.nodes.backends import backend_class
 from flowserve.nodes.backends.base import backend_signature
 from flowserve.nodes.batching import Batcher
+from flowserve.nodes.cached import CachedNode
 from flowserve.nodes.python import PythonNode, python_signature
 from flowserve.nodes.sequence import SequenceBatcher
 from flowserve.nodes.split import SplitNode, split_signature
 from flowserve.nodes.step import StepNode, step_signature
 from flowserve.nodes.switch import SwitchNode, switch_signature
+from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.repository import Scan
 from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph, node_targets
 from flowserve.spec.sequence import sequence_from_config
+
+log = logging.getLogger("flowserve")
 
 
 @dataclass
@@ -120,14 +125,17 @@ def build_nodes(
     version: int,
     stats: ModelStats,
     clock: Clock = MONOTONIC,
+    cache: ResponseCache | None = None,
 ) -> list[Node]:
-    """The node objects of ``plan``, aligned with ``plan.nodes`` (not started)."""
+    """The node objects of ``plan``, aligned with ``plan.nodes`` (not started). ``cache``
+    serves the nodes whose spec asks for it (``cache: true``)."""
     nodes: list[Node] = []
     for pnode in plan.nodes:
         spec = pnode.spec
         try:
             node = _build(spec, plan, registry, model, version, stats, clock)
-            nodes.append(_batched(node, pnode, model, stats, clock))
+            node = _batched(node, pnode, model, stats, clock)
+            nodes.append(_cached(node, plan.name, spec, cache))
         except FlowserveError as exc:
             raise Unavailable(f"in graph '{plan.name}', node '{spec.name}': {exc.message}") from None
     return nodes
@@ -156,6 +164,21 @@ def _build(
     if spec.kind == "split":
         return SplitNode(spec, registry, clock)
     return StepNode(spec.name, registry, spec.target, spec.version)
+
+
+def _cached(node: Node, graph: str, spec: NodeSpec, cache: ResponseCache | None) -> Node:
+    if not spec.cache:
+        return node
+    if cache is None:
+        log.warning(
+            "graph '%s', node '%s' asks for the cache, but the server has none (--cache-size)",
+            graph,
+            spec.name,
+        )
+        return node
+    if node.decoupled:
+        raise InvalidArgument("a decoupled node cannot be cached (its answer is a stream)")
+    return CachedNode(node, cache, f"{graph}/{spec.name}")
 
 
 def _batched(node: Node, pnode: PlanNode, model: ModelSpec | None, stats: ModelStats, clock: Clock) -> Node:

@@ -116,3 +116,5 @@ class NodeStats(ExecStats):
     queue: Duration = field(default_factory=Duration)
     total: Duration = field(default_factory=Duration)
     last_error: str = ""
+    cache_hits: int = 0
+    cache_misses: int = 0

@@ -81,6 +81,7 @@ _NODE_KEYS = {
     "batching",
     "instances",
     "parameters",
+    "cache",
 }
 _SWITCH_OPS = {"eq", "ne", "gt", "ge", "lt", "le"}
 
@@ -298,6 +299,7 @@ def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
         parameters=params,
         switch=switch,
         split=split,
+        cache=bool(raw.get("cache", False)),
     )
 
 

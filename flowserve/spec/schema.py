@@ -206,6 +206,8 @@ class NodeSpec:
     parameters: dict[str, Any] = field(default_factory=dict)
     switch: SwitchSpec | None = None
     split: SplitSpec | None = None
+    # answer identical inputs from the server's response cache instead of running the node
+    cache: bool = False
 
 
 def node_targets(node: NodeSpec, shadow: bool = True) -> tuple[str, ...]:

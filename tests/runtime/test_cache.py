@@ -69,3 +69,38 @@ async def test_hit_answers_without_running_any_node(tmp_path: Path) -> None:
         assert stats.success.count == 3
     finally:
         await engine.stop()
+
+
+async def test_a_cached_node_runs_once_per_distinct_input(tmp_path: Path) -> None:
+    module = tmp_path / "cached_nodes_mod.py"
+    module.write_text(
+        "import numpy as np\n"
+        "CALLS = []\n"
+        "class Double:\n"
+        "    outputs = {'y': ('FP32', [-1])}\n"
+        "    def execute(self, inputs):\n"
+        "        CALLS.append(1)\n"
+        "        return {'y': inputs['x'] * 2}\n"
+    )
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    (graphs / "g.yaml").write_text(
+        "inputs: {x: {datatype: FP32, dims: [-1]}}\noutputs: {y: d.y}\n"
+        "nodes:\n  d: {python: cached_nodes_mod:Double, cache: true, inputs: {x: $x}}\n"
+    )
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    engine = await flowserve.Engine.start(graphs=graphs, cache_bytes=1 << 20)
+    try:
+        import cached_nodes_mod
+
+        for values in ([1.0], [1.0], [2.0], [1.0]):
+            out = await engine.infer("g", {"x": np.array(values, np.float32)})
+            np.testing.assert_array_equal(out["y"], np.array(values) * 2)
+        assert len(cached_nodes_mod.CALLS) == 2
+        stats = engine.registry.get("g").executor.stats[0]
+        assert (stats.cache_hits, stats.cache_misses) == (2, 2)
+    finally:
+        await engine.stop()
+        sys.path.remove(str(tmp_path))
