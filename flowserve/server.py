@@ -96,6 +96,9 @@ class Server:
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
         plane = DataPlane(engine, shm, opts.limits, admission=admission)
+        from flowserve.observability.traces import TraceFileWriter
+
+        plane.on_trace = TraceFileWriter(plane)  # trace_file / log_frequency of the trace settings
         plane.header_forward = dict(opts.header_forward)
         self.plane = plane
         try:

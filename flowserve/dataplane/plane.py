@@ -8,7 +8,7 @@ import logging
 import random
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.split import parse_split_weights, set_split_weights
 
+log = logging.getLogger("flowserve")
 VERSION = "0.1.0"
 
 
@@ -81,6 +82,8 @@ class DataPlane:
         # "http"/"grpc" -> which request headers become request parameters (dataplane/headers.py)
         self.header_forward: dict[str, re.Pattern[str]] = {}
         self.model_trace_settings: dict[str, TraceSettings] = {}
+        # called with every finished trace (the observability layer writes trace files)
+        self.on_trace: Callable[[Trace], None] | None = None
         self.traces: deque[Trace] = deque(maxlen=keep_traces)
         self._traced = 0
         self.log_settings: dict[str, Any] = {
@@ -136,7 +139,7 @@ class DataPlane:
                 trace.ok, trace.error = False, str(exc)
                 raise
             finally:
-                self.traces.append(trace)
+                self._record(trace)
         finally:
             admission.leave(model)
 
@@ -156,7 +159,19 @@ class DataPlane:
         finally:
             self.admission.leave(model)
             if trace is not None:
-                self.traces.append(trace)
+                self._record(trace)
+
+    def _record(self, trace: Trace) -> None:
+        self.traces.append(trace)
+        if self.on_trace is not None:
+            try:
+                self.on_trace(trace)
+            except Exception:  # writing a trace must never fail the request
+                log.exception("trace output failed")
+
+    def trace_file_settings(self, model: str) -> TraceSettings:
+        """The trace settings that apply to ``model`` (its own, else the global ones)."""
+        return self.model_trace_settings.get(model, self.trace_settings)
 
     def _maybe_trace(self, model: str) -> list[Span] | None:
         settings = self.model_trace_settings.get(model, self.trace_settings)

@@ -7,11 +7,13 @@ with start and end (monotonic ns), skipped, error and batch size.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from flowserve.core.node import Span
-from flowserve.dataplane.plane import Trace
+from flowserve.dataplane.plane import DataPlane, Trace
 
 
 def trace_id(trace: Trace) -> str:
@@ -111,4 +113,36 @@ def triton_trace(trace: Trace, number: int) -> list[dict[str, Any]]:
     return records
 
 
-__all__ = ["find_trace", "trace_dict", "trace_id", "trace_summary", "triton_trace"]
+class TraceFileWriter:
+    """Writes finished traces to the ``trace_file`` of their trace settings, in Triton's trace
+    file shape (a JSON array of records). With ``log_frequency`` N > 0, every N traces go to a
+    new file ``<trace_file>.<k>``, as Triton does; with 0 the file holds every trace so far
+    (rewritten as each one arrives, the latest ``keep`` at most)."""
+
+    def __init__(self, plane: DataPlane, keep: int = 10_000) -> None:
+        self.plane = plane
+        self.keep = keep
+        self._pending: dict[str, list[dict[str, Any]]] = {}
+        self._files: dict[str, int] = {}
+        self._number = 0
+
+    def __call__(self, trace: Trace) -> None:
+        settings = self.plane.trace_file_settings(trace.model)
+        path = settings.trace_file
+        if not path:
+            return
+        self._number += 1
+        pending = self._pending.setdefault(path, [])
+        pending.extend(triton_trace(trace, self._number))
+        if settings.log_frequency > 0:
+            if self._number % settings.log_frequency == 0 or len(pending) >= self.keep:
+                index = self._files.get(path, 0)
+                self._files[path] = index + 1
+                Path(f"{path}.{index}").write_text(json.dumps(pending))
+                pending.clear()
+            return
+        del pending[: max(len(pending) - self.keep, 0)]
+        Path(path).write_text(json.dumps(pending))
+
+
+__all__ = ["TraceFileWriter", "find_trace", "trace_dict", "trace_id", "trace_summary", "triton_trace"]
