@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
-import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -227,6 +226,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowserve", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve model repositories and graphs")
@@ -389,9 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from flowserve.observability.logs import configure
+
+    configure(args.log_level, json_lines=args.log_json)
     result: int = args.func(args)
     return result
 

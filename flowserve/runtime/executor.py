@@ -14,6 +14,7 @@ Several decoupled nodes in one token therefore multiply their responses.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from flowserve.graph.plan import Plan, PlanNode
 from flowserve.runtime.flow import Flow
 from flowserve.runtime.stats import NodeStats
 
+log = logging.getLogger("flowserve.executor")
 
 @dataclass(frozen=True, slots=True)
 class OutputCheck:
@@ -242,6 +244,11 @@ class Executor:
             stats.errors += 1
             error = NodeError(self.plan.name, plan_node.name, exc)
             stats.last_error = error.detail
+            log.warning(
+                "node failed: %s",
+                error.detail,
+                extra={"request_id": ctx.request_id, "graph": self.plan.name, "node": plan_node.name},
+            )
             if span is not None and ctx.trace is not None:
                 span.end_ns, span.error = clock.now_ns(), error.detail
                 ctx.trace.append(span)
