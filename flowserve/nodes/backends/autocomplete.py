@@ -53,6 +53,31 @@ def _first_file(version_dirs: list[Path], filename: str) -> Path | None:
     return None
 
 
+def completion(
+    model: str,
+    config: Any,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    batch_dims: list[tuple[str, tuple[int, ...]]] | None = None,
+) -> Completion:
+    """What a model file's signature adds to ``config``: the inputs and outputs it leaves out
+    (without the batch dimension when Triton's batching rule applies) and max_batch_size.
+    ``batch_dims`` overrides the shapes the rule looks at (default: the signature's)."""
+    complete_all = len(config.input) == 0 and len(config.output) == 0
+    tensors = batch_dims if batch_dims is not None else [(t.name, t.dims) for t in inputs + outputs]
+    max_batch, strip = batching_rule(model, int(config.max_batch_size), tensors, complete_all)
+
+    def drop(t: TensorSpec) -> TensorSpec:
+        return TensorSpec(t.name, t.datatype, t.dims[1:] if strip else t.dims)
+
+    return Completion(
+        inputs=[drop(t) for t in inputs] if len(config.input) == 0 else [],
+        outputs=[drop(t) for t in outputs] if len(config.output) == 0 else [],
+        max_batch_size=max_batch,
+        dynamic_batching=max_batch is not None,
+    )
+
+
 def batching_rule(
     model: str, configured_max_batch: int, tensors: list[tuple[str, tuple[int, ...]]], complete_batch: bool
 ) -> tuple[int | None, bool]:
@@ -133,19 +158,7 @@ def onnx_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) ->
             f"{filename} to read them from"
         )
     inputs, outputs = onnx_signature(path, model)
-    complete_all = len(config.input) == 0 and len(config.output) == 0
-    tensors = [(t.name, t.dims) for t in inputs + outputs]
-    max_batch, strip = batching_rule(model, int(config.max_batch_size), tensors, complete_all)
-
-    def drop(t: TensorSpec) -> TensorSpec:
-        return TensorSpec(t.name, t.datatype, t.dims[1:] if strip else t.dims)
-
-    return Completion(
-        inputs=[drop(t) for t in inputs] if len(config.input) == 0 else [],
-        outputs=[drop(t) for t in outputs] if len(config.output) == 0 else [],
-        max_batch_size=max_batch,
-        dynamic_batching=max_batch is not None,
-    )
+    return completion(model, config, inputs, outputs)
 
 
 def python_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:

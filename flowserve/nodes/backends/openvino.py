@@ -34,7 +34,7 @@ import numpy as np
 from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, require
-from flowserve.nodes.backends.autocomplete import batching_rule
+from flowserve.nodes.backends.autocomplete import completion
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.spec.schema import ModelSpec, TensorSpec
 from flowserve.spec.triton import DEFAULT_FILENAMES, Completion
@@ -310,18 +310,7 @@ def openvino_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]
             f"{' or '.join(names)} to read them from"
         )
     inputs, outputs = openvino_tensors(path, model)
-    complete_all = len(config.input) == 0 and len(config.output) == 0
     configured = int(config.max_batch_size)
     # with batching asked for, a static first dimension is made dynamic at load (see above)
     tensors = [(t.name, (-1, *t.dims[1:]) if configured > 0 and t.dims else t.dims) for t in inputs + outputs]
-    max_batch, strip = batching_rule(model, configured, tensors, complete_all)
-
-    def drop(t: TensorSpec) -> TensorSpec:
-        return TensorSpec(t.name, t.datatype, t.dims[1:] if strip else t.dims)
-
-    return Completion(
-        inputs=[drop(t) for t in inputs] if len(config.input) == 0 else [],
-        outputs=[drop(t) for t in outputs] if len(config.output) == 0 else [],
-        max_batch_size=max_batch,
-        dynamic_batching=max_batch is not None,
-    )
+    return completion(model, config, inputs, outputs, tensors)

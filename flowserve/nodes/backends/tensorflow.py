@@ -30,7 +30,7 @@ import numpy as np
 from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, Placement, placement, require
-from flowserve.nodes.backends.autocomplete import batching_rule
+from flowserve.nodes.backends.autocomplete import completion
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.spec.schema import ModelSpec, TensorSpec
 from flowserve.spec.triton import DEFAULT_FILENAMES, PLATFORM_FILENAMES, Completion
@@ -276,16 +276,4 @@ def savedmodel_autocomplete(config: Any, model_dir: Path, version_dirs: list[Pat
     signature = lowered.get(SIGNATURE_PARAM) or DEFAULT_SIGNATURE
     tag = lowered.get(TAG_PARAM, DEFAULT_TAG)
     inputs, outputs = signature_tensors(path, model, signature, tag)
-    complete_all = len(config.input) == 0 and len(config.output) == 0
-    tensors = [(t.name, t.dims) for t in inputs + outputs]
-    max_batch, strip = batching_rule(model, int(config.max_batch_size), tensors, complete_all)
-
-    def drop(t: TensorSpec) -> TensorSpec:
-        return TensorSpec(t.name, t.datatype, t.dims[1:] if strip else t.dims)
-
-    return Completion(
-        inputs=[drop(t) for t in inputs] if len(config.input) == 0 else [],
-        outputs=[drop(t) for t in outputs] if len(config.output) == 0 else [],
-        max_batch_size=max_batch,
-        dynamic_batching=max_batch is not None,
-    )
+    return completion(model, config, inputs, outputs)
