@@ -49,11 +49,7 @@ class Servable:
         clock = self.clock
         start = clock.now_ns()
         stats = self.stats
-        try:
-            rows = self.validate(inputs)
-        except Exception as exc:
-            stats.record_request(False, clock.now_ns() - start, exc)
-            raise
+        rows = self._validate(inputs, start)
         cache = self.cache
         key = b""
         looked = start
@@ -77,13 +73,7 @@ class Servable:
             before = clock.now_ns()
             cache.put(key, outputs)
             stats.cache_miss.add(clock.now_ns() - before + looked - start)
-        elapsed = clock.now_ns() - start
-        if self.kind != "model":
-            # a graph has no backend of its own to count executions; each request is one
-            # (and one queue entry: perf_analyzer finds the version whose queue count grew)
-            stats.record_execution(rows, 0, elapsed, 0)
-            stats.queue.add(0)
-        stats.record_request(True, elapsed)
+        self._succeeded(rows, start)
         return outputs
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
@@ -92,11 +82,7 @@ class Servable:
         clock = self.clock
         start = clock.now_ns()
         stats = self.stats
-        try:
-            rows = self.validate(inputs)
-        except Exception as exc:
-            stats.record_request(False, clock.now_ns() - start, exc)
-            raise
+        rows = self._validate(inputs, start)
         stats.pending += 1
         try:
             async for outputs in self.executor.stream(inputs, ctx):
@@ -106,11 +92,24 @@ class Servable:
             raise
         finally:
             stats.pending -= 1
-        elapsed = clock.now_ns() - start
+        self._succeeded(rows, start)
+
+    def _validate(self, inputs: TensorMap, start: int) -> int:
+        """The request's batch size; a bad request is counted as failed and raised."""
+        try:
+            return self.validate(inputs)
+        except Exception as exc:
+            self.stats.record_request(False, self.clock.now_ns() - start, exc)
+            raise
+
+    def _succeeded(self, rows: int, start: int) -> None:
+        elapsed = self.clock.now_ns() - start
         if self.kind != "model":
-            stats.record_execution(rows, 0, elapsed, 0)
-            stats.queue.add(0)
-        stats.record_request(True, elapsed)
+            # a graph has no backend of its own to count executions; each request is one
+            # (and one queue entry: perf_analyzer finds the version whose queue count grew)
+            self.stats.record_execution(rows, 0, elapsed, 0)
+            self.stats.queue.add(0)
+        self.stats.record_request(True, elapsed)
 
     async def stop(self) -> None:
         for node in self.executor.nodes:
