@@ -5,7 +5,7 @@ benchmarks/.work, the model repositories, the MLP's ONNX file), starts four serv
 127.0.0.1 (Triton, flowserve, and the bare HTTP and gRPC handlers), measures every workload over
 gRPC and HTTP at each concurrency, and stops every server whatever happens (errors, Ctrl-C)::
 
-    python benchmarks/compare.py            # full run: concurrency 1, 8, 32; 3 repeats (~15 min)
+    python benchmarks/compare.py            # full run: concurrency 1, 8, 32; 3 repeats (~11 min)
     python benchmarks/compare.py --quick    # concurrency 8 only, 2 repeats (~3 min)
 
 Within a repeat, the two sides of each comparison run back to back and their order alternates

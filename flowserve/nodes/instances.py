@@ -11,9 +11,9 @@ call directly on the event loop while its measured execution time stays under a 
 (default 1 ms; ``configure_inline``), and on the worker thread otherwise: see
 :class:`InlinePolicy`. Python work holds the GIL, so on a thread it does not leave the loop
 free anyway; the threshold only sends calls that block (I/O, sleeps, long native work) to
-their threads. Measured in-process (benchmarks/inline.py, see benchmarks/README.md): the
-bundled "simple" model without batching, and add_sub with dynamic batching, inline vs on
-threads. Backends whose frameworks are thread-affine keep inline off.
+their threads. Measured in-process (benchmarks/inline.py, benchmarks/README.md): the bundled
+"simple" model 12.7k -> 47.2k infer/s (78 -> 21 us of CPU each), add_sub with dynamic
+batching 9.7k -> 10.8k. Backends whose frameworks are thread-affine keep inline off.
 """
 
 from __future__ import annotations
