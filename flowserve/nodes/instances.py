@@ -210,7 +210,6 @@ class InstancePool(Generic[T]):
         policy = self.policy
         await sem.acquire()
         pair = self._free.pop()
-        give_back = True
         try:
             if on_acquired is not None:
                 on_acquired()
@@ -220,21 +219,28 @@ class InstancePool(Generic[T]):
                     return fn(pair[0], arg)
                 finally:
                     policy.observe_inline(time.perf_counter_ns() - start)
-            job = pair[1].submit(_timed, policy, fn, pair[0], arg)
-            try:
-                return await asyncio.wrap_future(job)
-            except asyncio.CancelledError:
-                # the caller gave up (request timeout, client gone, sibling failed). A call that
-                # has not started is dropped; one that is running cannot be stopped, so its
-                # instance stays out of the pool until the call returns
-                if not job.cancel() and not job.done():
-                    give_back = False
-                    self._abandon(pair, job, sem)
-                raise
+            return await self._wait(pair, pair[1].submit(_timed, policy, fn, pair[0], arg), sem)
         finally:
-            if give_back:
-                self._free.append(pair)
-                sem.release()
+            self._give_back(pair, sem)
+
+    async def _wait(
+        self, pair: tuple[T, Worker], job: concurrent.futures.Future[object], sem: asyncio.Semaphore
+    ) -> object:
+        """Await a call on ``pair``'s thread. If the caller gives up (request timeout, client
+        gone, sibling failed), a call that has not started is dropped; one that is running
+        cannot be stopped, so its instance stays out of the pool until the call returns."""
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            if not job.cancel() and not job.done():
+                self._abandon(pair, job, sem)
+            raise
+
+    def _give_back(self, pair: tuple[T, Worker], sem: asyncio.Semaphore) -> None:
+        """Return an instance to the pool, unless ``_wait`` left it with an abandoned call."""
+        if pair[1] not in self._abandoned:
+            self._free.append(pair)
+            sem.release()
 
     @property
     def abandoned(self) -> int:
@@ -317,7 +323,6 @@ class InstancePool(Generic[T]):
         assert tickets is not None
         await sem.acquire()
         pair = self._free.pop()
-        give_back = True
         try:
             ticket = tickets.get(pair[1])
             if ticket is None:
@@ -327,17 +332,9 @@ class InstancePool(Generic[T]):
                 job = _submit_admitted(pair[1], ticket, fn, pair[0], arg)
             if on_acquired is not None:
                 on_acquired()
-            try:
-                return await asyncio.wrap_future(job)
-            except asyncio.CancelledError:
-                if not job.cancel() and not job.done():
-                    give_back = False
-                    self._abandon(pair, job, sem)
-                raise
+            return await self._wait(pair, job, sem)
         finally:
-            if give_back:
-                self._free.append(pair)
-                sem.release()
+            self._give_back(pair, sem)
 
     @contextlib.asynccontextmanager
     async def _lease_limited(self, sem: asyncio.Semaphore) -> AsyncIterator[tuple[T, Worker]]:
