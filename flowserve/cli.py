@@ -210,6 +210,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_inflight_per_model=args.max_inflight_per_model,
         http_restrictions=http_restrictions,
         grpc_restrictions=grpc_restrictions,
+        grpc_server=args.grpc_server,
         model_load_threads=args.model_load_thread_count,
     )
     if args.loop == "uvloop":
@@ -347,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="API[,API...]:KEY=VALUE",
         help="gRPC categories (as --http-restricted-api) that need metadata triton-grpc-protocol-KEY: VALUE",
+    )
+    serve.add_argument(
+        "--grpc-server",
+        choices=("native", "grpcio"),
+        default="native",
+        help="gRPC transport: flowserve's own HTTP/2 server (native, about half grpcio's CPU per "
+        "call) or grpc's asyncio server (grpcio)",
     )
     serve.add_argument(
         "--model-load-thread-count",

@@ -64,6 +64,7 @@ class ServerOptions:
     max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_restrictions: Restrictions = field(default_factory=Restrictions)
+    grpc_server: str = "native"  # or "grpcio" (frontends/grpc/__init__.py)
     model_load_threads: int = 4
     # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
@@ -115,7 +116,9 @@ class Server:
                 from flowserve.frontends.grpc import start_grpc
 
                 self.listeners.append(
-                    await start_grpc(plane, opts.host, opts.grpc_port, opts.grpc_restrictions)
+                    await start_grpc(
+                        plane, opts.host, opts.grpc_port, opts.grpc_restrictions, opts.grpc_server
+                    )
                 )
             if opts.metrics_port >= 0:
                 from flowserve.observability.metrics import start_metrics

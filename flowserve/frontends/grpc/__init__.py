@@ -6,23 +6,32 @@
     ...
     await listener.stop(grace_s=30)
 
-The server runs on grpc's asyncio API in the running event loop, with tritonclient's generated
-stubs (so the wire format is exactly Triton's).
+Two transports serve the same servicer (``InferenceServicer``) and the same messages
+(tritonclient's generated ones, so the wire format is exactly Triton's), both in the running
+event loop: ``native`` (the default), flowserve's own HTTP/2 server for gRPC (``http2.py``,
+about half grpcio's CPU per call, see there), and ``grpcio``, grpc's asyncio server
+(``--grpc-server grpcio``).
 """
 
 from __future__ import annotations
 
-import grpc
-from tritonclient.grpc import service_pb2_grpc
+from collections.abc import Callable
 
-from flowserve.dataplane.access import Restrictions
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from flowserve.dataplane.access import Restrictions, grpc_category
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
+from flowserve.frontends.grpc.http2 import Http2GrpcServer, service_methods
 from flowserve.frontends.grpc.service import InferenceServicer
 
-__all__ = ["STATUS", "GrpcListener", "InferenceServicer", "start_grpc", "status_of"]
+__all__ = ["GRPC_SERVERS", "STATUS", "GrpcListener", "InferenceServicer", "start_grpc", "status_of"]
 
+GRPC_SERVERS = ("native", "grpcio")
+
+SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # Largest message sent back (outputs can be bigger than the request that asked for them).
 MAX_SEND_BYTES = 2**31 - 1
 
@@ -30,7 +39,7 @@ MAX_SEND_BYTES = 2**31 - 1
 class GrpcListener:
     """A started gRPC server: its bound port, and a graceful stop."""
 
-    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+    def __init__(self, server: grpc.aio.Server | Http2GrpcServer, port: int) -> None:
         self.server = server
         self.port = port
 
@@ -52,23 +61,49 @@ def server_options(max_request_bytes: int) -> list[tuple[str, int]]:
 
 
 async def start_grpc(
-    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None = None
+    plane: DataPlane,
+    host: str,
+    port: int,
+    restrictions: Restrictions | None = None,
+    server: str = "native",
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
-    ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``)."""
+    ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
+    ``server``: ``native`` or ``grpcio`` (see the module docstring)."""
+    if server == "native":
+        return await _start_native(plane, host, port, restrictions)
+    if server != "grpcio":
+        raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
-    server = grpc.aio.server(
-        options=server_options(plane.limits.max_request_bytes), interceptors=interceptors
-    )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    aio = grpc.aio.server(options=server_options(plane.limits.max_request_bytes), interceptors=interceptors)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), aio)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = aio.add_insecure_port(address)
     except RuntimeError as exc:
-        await server.stop(None)
+        await aio.stop(None)
         raise OSError(f"gRPC front end cannot listen on {address}: {exc}") from None
     if bound == 0:
-        await server.stop(None)
+        await aio.stop(None)
         raise OSError(f"gRPC front end cannot listen on {address}")
-    await server.start()
-    return GrpcListener(server, bound)
+    await aio.start()
+    return GrpcListener(aio, bound)
+
+
+async def _start_native(
+    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None
+) -> GrpcListener:
+    gate = None
+    if restrictions:
+        rules = restrictions
+
+        def gate(path: str, header: Callable[[str], str | None]) -> str | None:
+            return rules.denial(grpc_category(path), header)
+
+    methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
+    native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate)
+    try:
+        bound = await native.start(host, port)
+    except OSError as exc:
+        raise OSError(f"gRPC front end cannot listen on {host}:{port}: {exc}") from None
+    return GrpcListener(native, bound)

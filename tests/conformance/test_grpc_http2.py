@@ -1,0 +1,251 @@
+"""flowserve's own HTTP/2 transport for gRPC (flowserve/frontends/grpc/http2.py) against grpcio's
+client (the C core that tritonclient and perf_analyzer use): flow control both ways, compression,
+limits, cancellation, unknown methods, graceful stop, and what a non-gRPC peer gets. The
+servicer-level behaviour (every Triton rpc) is covered by the other conformance suites, which
+run on this transport by default; the last test runs a server on ``--grpc-server grpcio``."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from flowserve.frontends.grpc.http2 import PREFACE, CallContext, Http2GrpcServer, Method, frame
+
+SERVICE = "/test.Echo/"
+
+
+class Blob:
+    """A message that is its own bytes (the server only needs SerializeToString)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
+        return self.data
+
+
+class Echo:
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def echo(self, request: bytes, context: CallContext) -> Blob:
+        return Blob(request)
+
+    async def double(self, request: bytes, context: CallContext) -> Blob:
+        return Blob(request * 2)
+
+    async def metadata(self, request: bytes, context: CallContext) -> Blob:
+        return Blob(repr(sorted(context.invocation_metadata())).encode())
+
+    async def fail(self, request: bytes, context: CallContext) -> Blob:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad input: 'x' ünïcode 100%")
+
+    async def crash(self, request: bytes, context: CallContext) -> Blob:
+        raise RuntimeError("boom")
+
+    async def slow(self, request: bytes, context: CallContext) -> Blob:
+        self.started.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return Blob(b"done")
+
+    async def stream(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[Blob]:
+        async for message in requests:
+            await asyncio.sleep(0)  # a reader slower than the network
+            yield Blob(message)
+
+
+@pytest.fixture
+async def echo_server() -> AsyncIterator[tuple[Http2GrpcServer, Echo, str]]:
+    echo = Echo()
+    methods = {
+        SERVICE + name: Method(parse=bytes, unary=getattr(echo, name))
+        for name in ("echo", "double", "metadata", "fail", "crash", "slow")
+    }
+    methods[SERVICE + "stream"] = Method(parse=bytes, streaming=echo.stream)
+    server = Http2GrpcServer(methods, max_message=32 * 1024 * 1024)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        yield server, echo, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+def _unary(target: str, name: str, payload: bytes, **kwargs: Any) -> bytes:
+    with grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
+        call = channel.unary_unary(SERVICE + name)
+        result: bytes = call(payload, timeout=30, **kwargs)
+        return result
+
+
+async def test_large_messages_cross_the_flow_control_windows(echo_server: Any) -> None:
+    _, _, target = echo_server
+    payload = np.random.default_rng(0).bytes(5 * 1024 * 1024)
+    # 5 MiB in, 10 MiB out: far over the client's initial window (64 KiB) and frame size
+    assert await asyncio.to_thread(_unary, target, "double", payload) == payload * 2
+    assert await asyncio.to_thread(_unary, target, "echo", b"") == b""
+
+
+async def test_compressed_requests_are_decompressed(echo_server: Any) -> None:
+    _, _, target = echo_server
+    payload = b"abc" * 100_000
+    for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+        assert await asyncio.to_thread(_unary, target, "echo", payload, compression=compression) == payload
+
+
+async def test_status_and_message_of_an_aborted_call(echo_server: Any) -> None:
+    _, _, target = echo_server
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(_unary, target, "fail", b"x")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "bad input: 'x' ünïcode 100%"
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(_unary, target, "crash", b"x")
+    assert info.value.code() == grpc.StatusCode.UNKNOWN
+    assert "boom" in info.value.details()
+
+
+async def test_unknown_method_is_unimplemented(echo_server: Any) -> None:
+    _, _, target = echo_server
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(_unary, target, "nope", b"x")
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "/test.Echo/nope" in info.value.details()
+
+
+async def test_message_over_the_limit_is_refused(echo_server: Any) -> None:
+    server, _, target = echo_server
+    server.max_message = 1000
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(_unary, target, "echo", b"x" * 5000)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await asyncio.to_thread(_unary, target, "echo", b"x" * 1000) == b"x" * 1000
+
+
+async def test_metadata_reaches_the_servicer(echo_server: Any) -> None:
+    _, _, target = echo_server
+    seen = await asyncio.to_thread(_unary, target, "metadata", b"", metadata=[("x-request-tag", "abc")])
+    assert b"('x-request-tag', 'abc')" in seen
+    assert b"content-type" not in seen and b":path" not in seen
+
+
+async def test_client_cancel_cancels_the_call(echo_server: Any) -> None:
+    _, echo, target = echo_server
+
+    def cancel_after_start() -> None:
+        with grpc.insecure_channel(target) as channel:
+            future = channel.unary_unary(SERVICE + "slow").future(b"", timeout=30)
+            asyncio.run_coroutine_threadsafe(echo.started.wait(), loop).result(10)
+            future.cancel()
+
+    loop = asyncio.get_running_loop()
+    await asyncio.to_thread(cancel_after_start)
+    await asyncio.wait_for(echo.cancelled.wait(), 10)
+
+
+async def test_bidi_stream_in_order_past_the_stream_window(echo_server: Any) -> None:
+    _, _, target = echo_server
+    messages = [bytes([i % 256]) * 65_536 for i in range(400)]  # 25 MiB: over the 16 MiB window
+
+    def run() -> list[bytes]:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.stream_stream(SERVICE + "stream")
+            return list(call(iter(messages), timeout=60))
+
+    assert await asyncio.to_thread(run) == messages
+
+
+async def test_graceful_stop_lets_a_call_in_flight_finish(echo_server: Any) -> None:
+    server, echo, target = echo_server
+    loop = asyncio.get_running_loop()
+    answer = loop.run_in_executor(None, _unary, target, "slow", b"")
+    await asyncio.wait_for(echo.started.wait(), 10)
+    stopping = asyncio.ensure_future(server.stop(10))
+    await asyncio.sleep(0.1)
+    assert not stopping.done()
+    echo.release.set()
+    assert await answer == b"done"
+    await asyncio.wait_for(stopping, 10)
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(_unary, target, "echo", b"x")
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _raw_exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+                if len(received) > 100_000:
+                    break
+        except TimeoutError:
+            pass
+        return received
+
+
+async def test_not_http2_gets_goaway_and_close(echo_server: Any) -> None:
+    server, _, _ = echo_server
+    received = await asyncio.to_thread(_raw_exchange, server.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    # SETTINGS and WINDOW_UPDATE on connect, then GOAWAY (type 7) with PROTOCOL_ERROR, then close
+    types = _frame_types(received)
+    assert types[-1] == 7
+    assert received.endswith(b"not an HTTP/2 connection preface")
+
+
+async def test_non_grpc_content_type_is_415(echo_server: Any) -> None:
+    server, _, _ = echo_server
+    import hpack
+
+    block = hpack.Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "echo"), (":authority", "x"),
+         ("content-type", "application/json")]
+    )  # fmt: skip
+    request = PREFACE + frame(4, 0, 0) + frame(1, 0x5, 1, block) + frame(7, 0, 0, bytes(8))
+    received = await asyncio.to_thread(_raw_exchange, server.port, request)
+    headers = [payload for ftype, payload in _frames(received) if ftype == 1]
+    assert hpack.Decoder().decode(headers[0]) == [(":status", "415")]
+
+
+def _frames(data: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    pos = 0
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        out.append((data[pos + 3], data[pos + 9 : pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+def _frame_types(data: bytes) -> list[int]:
+    return [ftype for ftype, _ in _frames(data)]
+
+
+@pytest.mark.slow
+def test_grpcio_transport_still_serves(server_factory: Any) -> None:
+    proc = server_factory.start("--grpc-server", "grpcio")
+    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+        assert client.is_server_live()
+        x = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = [
+            grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+            grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), x * 2)
+        with pytest.raises(Exception, match="unknown model"):
+            client.infer("no_such_model", inputs)
