@@ -3,10 +3,12 @@ that answers one fixed model, ``add_sub`` (FP32 [16]), with no engine behind it.
 
 It implements what perf_analyzer calls (server and model metadata, model config, statistics,
 readiness) and ``ModelInfer`` straight from ``raw_input_contents`` to ``raw_output_contents``,
-on the same event loop kind flowserve uses (uvloop). What flowserve's gRPC front end costs on top
-of grpcio is the distance to this servicer.
+on the same event loop kind flowserve uses (uvloop), and on the same transport: flowserve's
+own HTTP/2 server (``--server native``, the default, as flowserve's) or grpc.aio
+(``--server grpcio``). What flowserve's engine costs on top of its transport is the distance
+to this servicer.
 
-    python benchmarks/bare_grpc.py --port 8001
+    python benchmarks/bare_grpc.py --port 8001 [--server grpcio]
 """
 
 # ruff: noqa: N802  (rpc names are fixed by the protocol)
@@ -89,7 +91,16 @@ class BareServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: igno
         )
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, transport: str) -> None:
+    if transport == "native":
+        import asyncio
+
+        from flowserve.frontends.grpc import SERVICE
+        from flowserve.frontends.grpc.http2 import Http2GrpcServer, service_methods
+
+        native = Http2GrpcServer(service_methods(BareServicer(), SERVICE, pb), 2**31 - 1)
+        await native.start(host, port)
+        await asyncio.Event().wait()
     server = grpc.aio.server()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(BareServicer(), server)
     if not server.add_insecure_port(f"{host}:{port}"):
@@ -102,8 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--server", choices=("native", "grpcio"), default="native")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port))
+    uvloop.run(serve(args.host, args.port, args.server))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ serving the process ends with status 0 anyway (see :func:`exit_watchdog`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -154,6 +155,11 @@ async def serve(options: ServerOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     await server.start()
+    # Everything loaded so far lives as long as the server: move it out of the collector's
+    # sight, so full collections scan only what requests leave behind (they took tens of ms
+    # with the frameworks' modules on the heap, showing up as p99 spikes under load).
+    gc.collect()
+    gc.freeze()
     ports = ", ".join(f"{type(x).__name__} :{x.port}" for x in server.listeners)
     log.info("flowserve ready (%s)", ports)
     print(f"flowserve ready: {ports}", flush=True)

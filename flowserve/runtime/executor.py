@@ -30,6 +30,7 @@ from flowserve.runtime.stats import NodeStats
 
 log = logging.getLogger("flowserve.executor")
 
+
 @dataclass(frozen=True, slots=True)
 class OutputCheck:
     name: str
@@ -173,6 +174,17 @@ class Executor:
         deferred: list[int] = []
         pending: dict[asyncio.Task[TensorMap], int] = {}
         decoupled = self._decoupled
+        # tasks that ended, in order, and a future to wake this loop when one does (lighter
+        # than asyncio.wait, which registers and removes a callback on every pending task)
+        ended: list[asyncio.Task[TensorMap]] = []
+        wake: list[asyncio.Future[None]] = []
+        loop = asyncio.get_running_loop()
+
+        def on_done(task: asyncio.Task[TensorMap]) -> None:
+            ended.append(task)
+            if wake and not wake[0].done():
+                wake[0].set_result(None)
+
         try:
             while ready or pending:
                 if self._any_decoupled:
@@ -186,12 +198,16 @@ class Executor:
                     ready = flow.finish(index, produced)
                     continue
                 for index in ready:
-                    task = asyncio.ensure_future(self._run_node(index, flow, env, ctx))
+                    task = loop.create_task(self._run_node(index, flow, env, ctx))
+                    task.add_done_callback(on_done)
                     pending[task] = index
                 ready = []
                 if not pending:
                     break
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if not ended:
+                    wake[:] = [loop.create_future()]
+                    await wake[0]
+                done, ended[:] = list(ended), []
                 for task in done:
                     index = pending.pop(task)
                     ready.extend(flow.finish(index, task.result()))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from flowserve.frontends.grpc.http2 import PREFACE, CallContext, Http2GrpcServer, Method, frame
+from flowserve.frontends.grpc.http2 import PREFACE, CallContext, Http2GrpcServer, Method, decode_block, frame
 
 SERVICE = "/test.Echo/"
 
@@ -249,3 +249,27 @@ def test_grpcio_transport_still_serves(server_factory: Any) -> None:
         np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), x * 2)
         with pytest.raises(Exception, match="unknown model"):
             client.infer("no_such_model", inputs)
+
+
+def test_indexed_fast_path_decodes_as_hpack_does() -> None:
+    import hpack
+
+    encoder, ours, reference = hpack.Encoder(), hpack.Decoder(), hpack.Decoder()
+    many = [(f"x-filler-{i}", "v" * 40) for i in range(80)]  # pushes indices past 127 (0xFF)
+    requests = [
+        [(":method", "POST"), (":path", "/a/B"), ("content-type", "application/grpc"), ("x-id", "1")],
+        [(":method", "POST"), (":path", "/a/B"), ("content-type", "application/grpc"), ("x-id", "1")],
+        [(":method", "POST"), (":path", "/a/C"), ("x-id", "2")],
+        many,
+        many,
+        [(":method", "POST"), (":path", "/a/B"), ("x-id", "1")],
+    ]
+    indexed_only = 0
+    for headers in requests:
+        block = encoder.encode(headers)
+        indexed_only += bool(min(block) >= 0x80 and max(block) < 0xFF)
+        expected = [(bytes(k), bytes(v)) for k, v in reference.decode(block, raw=True)]
+        assert [(bytes(k), bytes(v)) for k, v in decode_block(ours, block)] == expected
+    assert indexed_only >= 1  # the fast path ran
+    with pytest.raises(hpack.exceptions.InvalidTableIndex):  # past the table, as in hpack
+        decode_block(hpack.Decoder(), bytes([0x80 | 0x7E]))
