@@ -97,6 +97,11 @@ class InlinePolicy:
             return True
         return False
 
+    def likely_inline(self) -> bool:
+        """What ``inline()`` would answer while the average is under the threshold, without
+        counting a call (when it is over, the call may or may not be a re-probe: False)."""
+        return self.threshold_ns > 0 and self._seen >= self.probe and self._avg < self.threshold_ns
+
     def observe(self, ns: int) -> None:
         self._seen += 1
         self._avg = ns if self._seen == 1 else 0.9 * self._avg + 0.1 * ns
@@ -241,6 +246,10 @@ class InstancePool(Generic[T]):
         if pair[1] not in self._abandoned:
             self._free.append(pair)
             sem.release()
+
+    def runs_inline(self) -> bool:
+        """Whether the next call will run on the event loop (see InlinePolicy.likely_inline)."""
+        return self._tickets is None and self._sem is not None and self.policy.likely_inline()
 
     @property
     def abandoned(self) -> int:

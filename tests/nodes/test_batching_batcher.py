@@ -521,3 +521,37 @@ def test_the_default_execute_batch_merges_and_splits_exactly(clock: FakeClock) -
     backend.short = True
     with pytest.raises(InternalError, match="node 'threads': output 'y' has 2 rows but the batch merged 3"):
         backend.execute_batch(0, batch)
+
+
+class LoopBackend(BackendNode):
+    """Records the task each execution ran in."""
+
+    tasks: list[asyncio.Task[Any] | None]
+
+    def load_instance(self, index: int) -> int:
+        return index
+
+    def execute(self, instance: Any, inputs: TensorMap) -> TensorMap:
+        try:
+            self.tasks.append(asyncio.current_task())
+        except RuntimeError:  # on the instance's thread: no loop there
+            self.tasks.append(None)
+        return {"y": inputs["x"] * 2}
+
+
+async def test_a_lone_inline_instance_runs_batches_in_the_batching_task(
+    make: Factory, clock: FakeClock
+) -> None:
+    stats = ModelStats()
+    backend = LoopBackend(backend_model(1), 1, stats, clock)
+    backend.tasks = []
+    backend.pool.policy.threshold_ns = 10**9  # every call is cheap: inline after probing
+    batcher = make(BatchingSpec(4), backend, stats=stats)
+    await batcher.start()
+    for i in range(12):
+        result = await batcher({"x": rows(1, i)}, Context())
+        np.testing.assert_array_equal(result["y"], rows(1, i) * 2)
+    inline = backend.tasks[backend.pool.policy.probe :]
+    assert inline and all(t is batcher._task for t in inline)  # no task per batch
+    assert all(t is None for t in backend.tasks[: backend.pool.policy.probe])  # probes: thread
+    assert stats.execution_count == 12

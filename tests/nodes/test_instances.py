@@ -129,3 +129,17 @@ async def test_n_instances_run_concurrently() -> None:
     results = await asyncio.gather(*(pool.run(meet, None) for _ in range(3)))
     assert sorted(results) == [0, 1, 2]  # type: ignore[type-var]
     await pool.close()
+
+
+def test_likely_inline_answers_as_inline_without_counting() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=2, reprobe_every=2)
+    assert not policy.likely_inline()  # still probing
+    policy.observe(10_000)
+    policy.observe(10_000)
+    assert policy.likely_inline() and policy.inline()
+    policy.observe(50_000_000)  # slow: over the threshold, a re-probe may or may not come
+    assert not policy.likely_inline()
+    assert not policy.likely_inline()  # asking did not count towards the re-probe
+    assert not policy.inline()
+    assert policy.inline()  # the re-probe, on the second call as configured
+    assert not InlinePolicy(threshold_ns=0, probe=0).likely_inline()

@@ -79,6 +79,11 @@ class BackendNode(Node):
     def instance_count(self) -> int:
         return sum(g.count for g in self.model.instances) or 1
 
+    def runs_inline(self) -> bool:
+        """Whether the next batch will run on the event loop, never suspending (a batcher then
+        runs it in its own task)."""
+        return self.pool.runs_inline()
+
     def load_instance(self, index: int) -> Any:
         raise NotImplementedError
 

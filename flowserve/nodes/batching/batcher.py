@@ -115,6 +115,7 @@ class Batcher(Node):
         self._free = 0
         self._task: asyncio.Task[None] | None = None
         self._timer: PreciseTimer | None = None
+        self._direct: _Batch | None = None  # a batch to run in the batching task itself
 
     @property
     def queued(self) -> int:
@@ -189,7 +190,12 @@ class Batcher(Node):
                     for entry in self._queue.drain():
                         _fail(entry.payload.future, failed)
                     continue
-                if not again:
+                direct, self._direct = self._direct, None
+                if direct is not None:
+                    # the only instance runs it: in this task, no task of its own to create
+                    # (nothing else could be dispatched until it is done anyway)
+                    await self._run(direct)
+                elif not again:
                     await self._sleep(wake_at, now)
 
     def _schedule(self, now: int, group: asyncio.TaskGroup) -> tuple[int | None, bool]:
@@ -226,7 +232,12 @@ class Batcher(Node):
         batch = _Batch(entries)
         if self._preserve:
             self._order.append(batch)
-        group.create_task(self._run(batch))
+        if self.runner.capacity == 1 and self.runner.runs_inline():
+            # the only instance runs it on the loop without suspending: nothing else (not even
+            # expiring a timed-out request) could happen before it ends anyway
+            self._direct = batch
+        else:
+            group.create_task(self._run(batch))
 
     async def _run(self, batch: _Batch) -> None:
         """Run one batch on a free instance; never raises but for cancellation."""

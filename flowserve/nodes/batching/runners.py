@@ -38,6 +38,8 @@ class BatchRunner(Protocol):
     @property
     def capacity(self) -> int: ...
 
+    def runs_inline(self) -> bool: ...
+
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
     ) -> list[TensorMap]: ...
@@ -66,6 +68,11 @@ class InstanceRunner:
     def capacity(self) -> int:
         return max(1, self.node.instance_count)
 
+    def runs_inline(self) -> bool:
+        """Whether the next batch will run on the event loop, start to end (never suspending)."""
+        probe = getattr(self.node, "runs_inline", None)
+        return bool(probe()) if probe is not None else False
+
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
     ) -> list[TensorMap]:
@@ -91,6 +98,9 @@ class NodeRunner:
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    def runs_inline(self) -> bool:
+        return False  # a node call may suspend at any point
 
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
