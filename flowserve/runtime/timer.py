@@ -23,10 +23,15 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import time
 from collections.abc import Callable
 
 # below this a wait uses the timerfd; above it the loop's millisecond timers are precise enough
 PRECISE_BELOW_NS = 5_000_000
+# re-arming for an expiry at most this much later than the armed one keeps the armed one: a
+# batcher re-arms for the same deadline (its oldest request's) each time a request wakes it,
+# computed a little later each time; an earlier expiry is always armed
+SAME_EXPIRY_NS = 50_000
 
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = 0o4000
@@ -70,6 +75,9 @@ class PreciseTimer:
         self._fd = -1
         self._handle: asyncio.TimerHandle | None = None
         self._spec = _Itimerspec()
+        # when the armed timerfd expires (time.monotonic_ns), 0 when not armed: re-arming for
+        # about the same moment, or disarming what already fired, needs no system call
+        self._armed_at = 0
         if _libc is not None:
             fd = int(_libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC))
             if fd >= 0:
@@ -97,6 +105,10 @@ class PreciseTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        at = time.monotonic_ns() + delay_ns
+        if self._armed_at and 0 <= at - self._armed_at < SAME_EXPIRY_NS:
+            return  # the armed expiry is at most that much earlier: keep it
+        self._armed_at = at
         value = self._spec.it_value
         value.tv_sec, value.tv_nsec = divmod(delay_ns, 1_000_000_000)
         assert _libc is not None
@@ -109,12 +121,14 @@ class PreciseTimer:
         self._disarm_fd()
 
     def _disarm_fd(self) -> None:
-        if self._fd >= 0 and _libc is not None:
+        if self._armed_at and self._fd >= 0 and _libc is not None:
+            self._armed_at = 0
             value = self._spec.it_value
             value.tv_sec = value.tv_nsec = 0
             _libc.timerfd_settime(self._fd, 0, ctypes.byref(self._spec), None)
 
     def _fired(self) -> None:
+        self._armed_at = 0
         try:
             os.read(self._fd, 8)  # the expiry count; reading re-arms readiness
         except (BlockingIOError, InterruptedError):

@@ -3,6 +3,8 @@
 
 import asyncio
 
+import pytest
+
 from flowserve.runtime.timer import PRECISE_BELOW_NS, PreciseTimer
 
 
@@ -40,3 +42,39 @@ async def test_disarm_and_rearm_replace_the_expiry() -> None:
     finally:
         timer.close()
         timer.close()  # idempotent
+
+
+async def test_rearming_for_the_same_moment_keeps_one_expiry_and_skips_the_system_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flowserve.runtime import timer as timer_module
+
+    if timer_module._libc is None:
+        pytest.skip("no timerfd here")
+    calls: list[int] = []
+    real = timer_module._libc
+
+    class CountingLibc:
+        def timerfd_settime(self, *args: object) -> int:
+            calls.append(1)
+            return int(real.timerfd_settime(*args))
+
+    fired: list[int] = []
+    event = asyncio.Event()
+    timer = PreciseTimer(lambda: (fired.append(1), event.set()))
+    monkeypatch.setattr(timer_module, "_libc", CountingLibc())
+    try:
+        timer.arm(3_000_000)
+        timer.arm(3_000_000)  # the same expiry, microseconds later: kept
+        assert len(calls) == 1
+        timer.arm(2_000_000)  # an earlier one: armed
+        assert len(calls) == 2
+        await asyncio.wait_for(event.wait(), 5)
+        timer.disarm()  # already fired: nothing to disarm
+        assert len(calls) == 2 and fired == [1]
+        event.clear()
+        timer.arm(1_000_000)  # after firing, arming works again
+        await asyncio.wait_for(event.wait(), 5)
+        assert len(calls) == 3 and fired == [1, 1]
+    finally:
+        timer.close()

@@ -221,11 +221,10 @@ class Batcher(Node):
             return
         timer = self._timer
         assert timer is not None
+        # left armed when something else wakes the batcher: the next sleep most often wants
+        # the same expiry (the oldest request's), and a stale one only wakes it once for nothing
         timer.arm(wake_at - now)
-        try:
-            await self._wake.wait()
-        finally:
-            timer.disarm()
+        await self._wake.wait()
 
     def _dispatch(self, entries: list[Entry[_Call]], group: asyncio.TaskGroup) -> None:
         self._free -= 1
