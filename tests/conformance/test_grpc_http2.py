@@ -206,6 +206,17 @@ async def test_not_http2_gets_goaway_and_close(echo_server: Any) -> None:
     assert received.endswith(b"not an HTTP/2 connection preface")
 
 
+async def test_endless_continuation_frames_end_the_connection(echo_server: Any) -> None:
+    server, _, _ = echo_server
+    block = _request_headers(SERVICE + "echo")
+    flood = b"".join(frame(9, 0, 1, bytes(16384)) for _ in range(5))  # 80 KiB of CONTINUATION
+    received = await asyncio.to_thread(
+        _raw_exchange, server.port, PREFACE + frame(4, 0, 0) + frame(1, 0, 1, block) + flood
+    )
+    goaway = [payload for ftype, payload in _frames(received) if ftype == 7]
+    assert goaway and int.from_bytes(goaway[0][4:8], "big") == 11  # ENHANCE_YOUR_CALM
+
+
 async def test_non_grpc_content_type_is_415(echo_server: Any) -> None:
     server, _, _ = echo_server
     import hpack
@@ -273,3 +284,67 @@ def test_indexed_fast_path_decodes_as_hpack_does() -> None:
     assert indexed_only >= 1  # the fast path ran
     with pytest.raises(hpack.exceptions.InvalidTableIndex):  # past the table, as in hpack
         decode_block(hpack.Decoder(), bytes([0x80 | 0x7E]))
+
+
+def _request_headers(path: str) -> bytes:
+    import hpack
+
+    return bytes(
+        hpack.Encoder().encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
+             ("content-type", "application/grpc"), ("te", "trailers")]
+        )
+    )  # fmt: skip
+
+
+def _read_frames(sock: socket.socket, seconds: float) -> list[tuple[int, int, bytes]]:
+    """(type, stream id, payload) of every frame that arrives within ``seconds``."""
+    sock.settimeout(seconds)
+    data = b""
+    try:
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    except TimeoutError:
+        pass
+    out, pos = [], 0
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        out.append((data[pos + 3], sid, data[pos + 9 : pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+async def test_connection_window_is_withheld_while_requests_wait_undelivered(
+    echo_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flowserve.frontends.grpc import http2
+
+    monkeypatch.setattr(http2, "CONNECTION_WINDOW", 1 << 20)  # 1 MiB; half of it acked at a time
+    server, _, _ = echo_server
+    server.max_message = 256 * 1024  # so at most max(2 x 256 KiB, 1 MiB) = 1 MiB waits undelivered
+    body = b"\x00" + (220 * 1024).to_bytes(4, "big") + bytes(220 * 1024)
+
+    def data_frames(sid: int, end: bool) -> bytes:
+        chunks = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+        return b"".join(
+            frame(0, 0x1 if end and i == len(chunks) - 1 else 0, sid, c) for i, c in enumerate(chunks)
+        )
+
+    def run() -> tuple[int, int, list[int]]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0))
+            for sid in (1, 3, 5, 7, 9):  # 1.1 MiB of requests, none complete
+                sock.sendall(
+                    frame(1, 0x4, sid, _request_headers(SERVICE + "echo")) + data_frames(sid, end=False)
+                )
+            before = [f for f in _read_frames(sock, 0.5) if f[0] == 8 and f[1] == 0]
+            # the first request ends: it is delivered, and the window comes back
+            sock.sendall(frame(0, 0x1, 1, b""))
+            after = _read_frames(sock, 0.5)
+            updates = [f for f in after if f[0] == 8 and f[1] == 0]
+            return len(before), len(updates), [f[1] for f in after if f[0] == 1]
+
+    before, after, answered = await asyncio.to_thread(run)
+    assert before == 2  # the one sent on connecting, and one at 512 KiB; none at 1 MiB
+    assert after == 1 and 1 in answered

@@ -66,6 +66,8 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 QUEUE_AHEAD = 64
 MAX_STREAMS = 4096
 MAX_FRAME_IN = 16_384  # the protocol default; not raised, so frames stay small to parse
+MAX_HEADER_BLOCK = 64 * 1024  # one request's header block, CONTINUATION frames included
+ENHANCE_YOUR_CALM = 11
 # bytes of one stream's responses waiting for the peer's window before the servicer waits
 SEND_AHEAD = 4 * 1024 * 1024
 
@@ -126,7 +128,7 @@ def status_block(code: grpc.StatusCode, message: str | None) -> bytes:
 def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
     """A request's header fields. When every field is indexed, each in one byte (a C-core
     client's steady state), table lookups, which leave the table as it is, as decoding would."""
-    if block and min(block) >= 0x80 and max(block) < 0xFF:
+    if 0 < len(block) <= 64 and min(block) >= 0x80 and max(block) < 0xFF:
         get = decoder.header_table.get_by_index
         return [get(b & 0x7F) for b in block]
     return list(decoder.decode(block, raw=True))
@@ -238,6 +240,7 @@ class Connection(asyncio.Protocol):
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = 16_384
         self.recv_unacked = 0
+        self.buffered = 0  # request bytes received, not yet delivered to a call
         self.continuing: tuple[int, int, bytearray] | None = None  # (sid, flags, block so far)
         self.blocked: dict[int, _Stream] = {}
         self.pending: list[bytes] = []
@@ -330,6 +333,8 @@ class Connection(asyncio.Protocol):
             if self.continuing is None or self.continuing[0] != sid:
                 raise H2Error(PROTOCOL_ERROR, "unexpected CONTINUATION")
             self.continuing[2].extend(payload)
+            if len(self.continuing[2]) > MAX_HEADER_BLOCK:
+                raise H2Error(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
             if flags & END_HEADERS:
                 sid, first_flags, block = self.continuing
                 self.continuing = None
@@ -343,7 +348,7 @@ class Connection(asyncio.Protocol):
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
-            stream = self.streams.pop(sid, None)
+            stream = self._forget(sid)
             if stream is not None:
                 self.blocked.pop(sid, None)
                 if stream.task is not None:
@@ -431,15 +436,15 @@ class Connection(asyncio.Protocol):
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self.recv_unacked += size
-        if self.recv_unacked >= CONNECTION_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(self.recv_unacked)))
-            self.recv_unacked = 0
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
+            self._ack_connection()
             return  # a stream already answered or reset: its data is dropped
         if flags & PADDED and payload:
             payload = payload[1 : len(payload) - payload[0]]
         stream.data += payload
+        self.buffered += len(payload)
+        self._ack_connection()
         stream.unacked += size
         if stream.queue is not None:
             self._split_messages(stream)
@@ -454,6 +459,19 @@ class Connection(asyncio.Protocol):
             self._remote_end(stream)
         elif stream.unacked >= STREAM_WINDOW // 4 and self._reader_keeps_up(stream):
             self._ack_stream(stream)
+
+    def _ack_connection(self) -> None:
+        """Give the connection's window back, unless too much request data waits here
+        undelivered (the client then stops sending until calls take their requests)."""
+        if self.recv_unacked >= CONNECTION_WINDOW // 2 and self.buffered < self.server.max_buffered:
+            self._write(frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(self.recv_unacked)))
+            self.recv_unacked = 0
+
+    def _take_data(self, stream: _Stream, count: int) -> None:
+        """``count`` bytes of ``stream.data`` were delivered (or dropped)."""
+        self.buffered -= count
+        if self.recv_unacked:
+            self._ack_connection()
 
     @staticmethod
     def _reader_keeps_up(stream: _Stream) -> bool:
@@ -486,6 +504,7 @@ class Connection(asyncio.Protocol):
             queue.put_nowait(message)
             pos += 5 + length
         del data[:pos]
+        self._take_data(stream, pos)
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
         try:
@@ -521,6 +540,7 @@ class Connection(asyncio.Protocol):
             return
         request = self._message(stream, data[0], bytes(data[5:]))
         stream.data = bytearray()
+        self._take_data(stream, len(data))
         if request is None:
             return
         unary = stream.method.unary
@@ -645,13 +665,21 @@ class Connection(asyncio.Protocol):
         if not stream.remote_closed:
             # the client may still be sending: tell it to stop (gRPC servers do this)
             self._write(frame(RST_STREAM, 0, stream.sid, _WINDOW.pack(NO_ERROR)))
-        self.streams.pop(stream.sid, None)
+        self._forget(stream.sid)
         self._maybe_idle()
 
     def _maybe_close(self, stream: _Stream) -> None:
         if stream.trailers is not None and not stream.out:
-            self.streams.pop(stream.sid, None)
+            self._forget(stream.sid)
             self._maybe_idle()
+
+    def _forget(self, sid: int) -> _Stream | None:
+        """Remove a stream; request bytes it still held count as delivered."""
+        stream = self.streams.pop(sid, None)
+        if stream is not None and stream.data:
+            self._take_data(stream, len(stream.data))
+            stream.data = bytearray()
+        return stream
 
     def _wake(self, stream: _Stream) -> None:
         if stream.drained is not None and not stream.drained.done():
@@ -767,6 +795,12 @@ class Http2GrpcServer:
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.port = 0
+
+    @property
+    def max_buffered(self) -> int:
+        """Request bytes one connection may hold undelivered before its window is withheld
+        (room for two of the largest messages)."""
+        return max(2 * self.max_message, CONNECTION_WINDOW)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
