@@ -348,3 +348,22 @@ async def test_connection_window_is_withheld_while_requests_wait_undelivered(
     before, after, answered = await asyncio.to_thread(run)
     assert before == 2  # the one sent on connecting, and one at 512 KiB; none at 1 MiB
     assert after == 1 and 1 in answered
+
+
+async def test_a_refused_call_is_reset_only_while_the_client_still_sends(echo_server: Any) -> None:
+    server, _, _ = echo_server
+    unknown = _request_headers("/test.Echo/nope")
+
+    def exchange(end_stream: bool) -> list[tuple[int, int, bytes]]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0) + frame(1, 0x4 | (0x1 if end_stream else 0), 1, unknown))
+            return _read_frames(sock, 0.5)
+
+    import hpack
+
+    for end_stream in (True, False):
+        frames = await asyncio.to_thread(exchange, end_stream)
+        headers = [payload for ftype, sid, payload in frames if ftype == 1 and sid == 1]
+        assert ("grpc-status", "12") in hpack.Decoder().decode(headers[0])  # UNIMPLEMENTED, trailers only
+        resets = [payload for ftype, sid, payload in frames if ftype == 3 and sid == 1]
+        assert resets == ([] if end_stream else [bytes(4)])  # RST_STREAM NO_ERROR while still open

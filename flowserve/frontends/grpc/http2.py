@@ -411,25 +411,32 @@ class Connection(asyncio.Protocol):
         stream = _Stream(sid, method or _UNKNOWN, headers, self.peer_initial_window)
         stream.encoding = encoding
         self.streams[sid] = stream
-        if method is None:
-            self._finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}")
-            if flags & END_STREAM:
-                self._remote_end(stream)
+        refusal = self._refusal(method, path, encoding, stream)
+        if refusal is not None:
+            # answered at once (trailers only); a request still being sent is reset after it
+            stream.remote_closed = bool(flags & END_STREAM)
+            self._finish(stream, *refusal)
             return
-        if encoding not in _ENCODINGS:
-            self._finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding!r}'")
-            return
-        denial = self.server.gate(path.decode("latin-1"), stream.context.header) if self.server.gate else None
-        if denial is not None:
-            self._finish(stream, grpc.StatusCode.UNAVAILABLE, denial)
-            if flags & END_STREAM:
-                self._remote_end(stream)
-            return
+        assert method is not None
         if method.streaming is not None:
             stream.queue = asyncio.Queue()
             stream.task = self.loop.create_task(self._run_streaming(stream, method.streaming))
         if flags & END_STREAM:
             self._remote_end(stream)
+
+    def _refusal(
+        self, method: Method | None, path: bytes, encoding: bytes, stream: _Stream
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """Why a new call is answered without running it, if it is."""
+        if method is None:
+            return grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}"
+        if encoding not in _ENCODINGS:
+            return grpc.StatusCode.UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding.decode('latin-1')}'"
+        gate = self.server.gate
+        denial = gate(path.decode("latin-1"), stream.context.header) if gate is not None else None
+        if denial is not None:
+            return grpc.StatusCode.UNAVAILABLE, denial
+        return None
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
