@@ -10,7 +10,7 @@ Two transports serve the same servicer (``InferenceServicer``) and the same mess
 (tritonclient's generated ones, so the wire format is exactly Triton's), both in the running
 event loop: ``native`` (the default), flowserve's own HTTP/2 server for gRPC (``http2.py``,
 about half grpcio's CPU per call, see there), and ``grpcio``, grpc's asyncio server
-(``--grpc-server grpcio``).
+(``--grpc-server grpcio``). Both also serve ``grpc.health.v1.Health`` (``health.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from flowserve.dataplane.access import Restrictions, grpc_category
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.grpc import health
 from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.http2 import Http2GrpcServer, service_methods
@@ -77,6 +78,7 @@ async def start_grpc(
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
     aio = grpc.aio.server(options=server_options(plane.limits.max_request_bytes), interceptors=interceptors)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), aio)
+    aio.add_generic_rpc_handlers((health.grpcio_handler(health.HealthServicer(plane)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = aio.add_insecure_port(address)
@@ -101,6 +103,7 @@ async def _start_native(
             return rules.denial(grpc_category(path), header)
 
     methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
+    methods.update(health.native_methods(health.HealthServicer(plane)))
     native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate)
     try:
         bound = await native.start(host, port)
