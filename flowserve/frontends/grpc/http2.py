@@ -557,16 +557,12 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- running calls
 
     async def _run_unary(self, stream: _Stream, call: Unary, request: Any) -> None:
-        context = stream.context
         try:
-            response = await call(request, context)
-        except grpc.aio.AbortError:
-            self._finish(stream, context.code, context.details)
+            response = await call(request, stream.context)
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            log.exception("gRPC call failed")
-            self._finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+            self._failed(stream, exc)
         else:
             if stream.sid in self.streams:
                 self._send(stream, response.SerializeToString(), TRAILERS_OK)
@@ -580,18 +576,20 @@ class Connection(asyncio.Protocol):
                 self._send(stream, response.SerializeToString(), None)
                 if len(stream.out) > SEND_AHEAD or (self.paused is not None and not self.paused.done()):
                     await self._drain(stream)
-        except grpc.aio.AbortError:
-            self._finish(stream, context.code, context.details)
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            log.exception("gRPC streaming call failed")
-            self._finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+            self._failed(stream, exc)
         else:
-            if context.code != grpc.StatusCode.OK:
-                self._finish(stream, context.code, context.details)
-            else:
-                self._finish(stream, grpc.StatusCode.OK, None)
+            self._finish(stream, context.code, context.details)  # OK unless set_code said otherwise
+
+    def _failed(self, stream: _Stream, exc: Exception) -> None:
+        """A call that raised: the status ``context.abort`` set, else UNKNOWN (a bug: logged)."""
+        if isinstance(exc, grpc.aio.AbortError):
+            self._finish(stream, stream.context.code, stream.context.details)
+            return
+        log.error("gRPC call %s failed", stream.context.header(":path"), exc_info=exc)
+        self._finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
 
     async def _requests(self, stream: _Stream) -> AsyncIterator[Any]:
         queue = stream.queue
