@@ -369,3 +369,23 @@ async def test_a_refused_call_is_reset_only_while_the_client_still_sends(echo_se
         assert ("grpc-status", "12") in hpack.Decoder().decode(headers[0])  # UNIMPLEMENTED, trailers only
         resets = [payload for ftype, sid, payload in frames if ftype == 3 and sid == 1]
         assert resets == ([] if end_stream else [bytes(4)])  # RST_STREAM NO_ERROR while still open
+
+
+async def test_frames_for_an_ended_stream_leave_the_connection_up(echo_server: Any) -> None:
+    server, _, _ = echo_server
+    echo = _request_headers(SERVICE + "echo")
+    message = b"\x00" + (3).to_bytes(4, "big") + b"abc"
+
+    def exchange() -> list[tuple[int, int, bytes]]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0) + frame(1, 0x4, 1, echo) + frame(0, 0x1, 1, message))
+            first = _read_frames(sock, 0.3)
+            # late frames for stream 1 (ended and forgotten here), then a new call on stream 3
+            sock.sendall(frame(1, 0x5, 1, echo) + frame(0, 0x1, 1, message))
+            sock.sendall(frame(1, 0x4, 3, echo) + frame(0, 0x1, 3, message))
+            return first + _read_frames(sock, 0.3)
+
+    frames = await asyncio.to_thread(exchange)
+    answered = [sid for ftype, sid, payload in frames if ftype == 0]
+    assert answered == [1, 3]  # one DATA (the echo) each; no GOAWAY
+    assert all(ftype != 7 for ftype, _, _ in frames)

@@ -388,8 +388,10 @@ class Connection(asyncio.Protocol):
             if flags & END_STREAM:
                 self._remote_end(stream)
             return
-        if sid % 2 == 0 or sid <= self.last_sid:
-            raise H2Error(PROTOCOL_ERROR, f"stream {sid} cannot be opened")
+        if sid % 2 == 0:
+            raise H2Error(PROTOCOL_ERROR, f"stream {sid} cannot be opened by a client")
+        if sid <= self.last_sid:
+            return  # a stream this side already ended (and forgot): frames still in flight
         self.last_sid = sid
         if self.closing or len(self.streams) >= MAX_STREAMS:
             self._write(frame(RST_STREAM, 0, sid, _WINDOW.pack(REFUSED_STREAM)))
