@@ -105,10 +105,10 @@ async def test_compressed_requests_are_decompressed(echo_server: Any) -> None:
         assert await asyncio.to_thread(_unary, target, "echo", payload, compression=compression) == payload
 
 
-async def _status(target: str, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
+async def _status(target: str, method: str, payload: bytes, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
     """The status and message a call ends with (it must fail)."""
     with pytest.raises(grpc.RpcError) as info:
-        await asyncio.to_thread(_unary, target, method, payload)
+        await asyncio.to_thread(_unary, target, method, payload, **kwargs)
     return info.value.code(), str(info.value.details())
 
 
@@ -389,3 +389,25 @@ async def test_frames_for_an_ended_stream_leave_the_connection_up(echo_server: A
     answered = [sid for ftype, sid, payload in frames if ftype == 0]
     assert answered == [1, 3]  # one DATA (the echo) each; no GOAWAY
     assert all(ftype != 7 for ftype, _, _ in frames)
+
+
+def test_inflate_stops_at_the_limit() -> None:
+    import zlib
+
+    from flowserve.frontends.grpc.http2 import inflate
+
+    bomb = zlib.compress(bytes(50 * 1024 * 1024))  # 50 MiB of zeros in about 50 KiB
+    assert len(bomb) < 100_000
+    assert inflate(bomb, zlib.MAX_WBITS, 1024 * 1024) is None
+    assert inflate(zlib.compress(b"abc"), zlib.MAX_WBITS, 3) == b"abc"
+    assert inflate(b"raw", None, 1) == b"raw"  # identity: not inflated
+    with pytest.raises(zlib.error):
+        inflate(zlib.compress(b"abc" * 1000)[:-8], zlib.MAX_WBITS, 10_000)  # cut short
+
+
+async def test_a_compressed_bomb_is_refused(echo_server: Any) -> None:
+    server, _, target = echo_server
+    server.max_message = 1024 * 1024
+    payload = bytes(20 * 1024 * 1024)  # gzip makes it about 20 KiB on the wire
+    code, message = await _status(target, "echo", payload, compression=grpc.Compression.Gzip)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "inflated" in message

@@ -71,11 +71,28 @@ ENHANCE_YOUR_CALM = 11
 # bytes of one stream's responses waiting for the peer's window before the servicer waits
 SEND_AHEAD = 4 * 1024 * 1024
 
-_ENCODINGS: dict[bytes, Callable[[bytes], bytes]] = {
-    b"gzip": lambda data: zlib.decompress(data, 16 + zlib.MAX_WBITS),
-    b"deflate": zlib.decompress,
-    b"identity": lambda data: data,
+# grpc-encoding -> zlib's wbits (None: the message is not compressed)
+_ENCODINGS: dict[bytes, int | None] = {
+    b"gzip": 16 + zlib.MAX_WBITS,
+    b"deflate": zlib.MAX_WBITS,
+    b"identity": None,
 }
+
+
+def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
+    """A compressed message inflated, or None when it inflates past ``limit`` bytes (inflating
+    stops there: a small bomb cannot take the memory it would expand to)."""
+    if wbits is None:
+        return data
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit:
+        return None
+    if not inflater.eof:
+        raise zlib.error("the compressed message ends early")
+    return out
+
+
 # request headers that are transport, not call metadata (grpc.aio leaves them out as well)
 _NOT_METADATA = frozenset(
     {b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
@@ -518,14 +535,16 @@ class Connection(asyncio.Protocol):
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
         try:
             if compressed:
-                body = _ENCODINGS[stream.encoding](body)
-                if len(body) > self.server.max_message:
+                limit = self.server.max_message
+                inflated = inflate(body, _ENCODINGS[stream.encoding], limit)
+                if inflated is None:
                     self._finish(
                         stream,
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({len(body)} vs. {self.server.max_message})",
+                        f"Received message larger than max (more than {limit} bytes inflated)",
                     )
                     return None
+                body = inflated
             return stream.method.parse(body)
         except (DecodeError, zlib.error) as exc:
             self._finish(stream, grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}")
