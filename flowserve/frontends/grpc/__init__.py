@@ -9,7 +9,7 @@
 Two transports serve the same servicer (``InferenceServicer``) and the same messages
 (tritonclient's generated ones, so the wire format is exactly Triton's), both in the running
 event loop: ``native`` (the default), flowserve's own HTTP/2 server for gRPC (``http2.py``,
-about half grpcio's CPU per call, see there), and ``grpcio``, grpc's asyncio server
+about a tenth of grpcio's CPU per call, see there), and ``grpcio``, grpc's asyncio server
 (``--grpc-server grpcio``). Both also serve ``grpc.health.v1.Health`` (``health.py``).
 """
 

@@ -10,14 +10,17 @@ are constant byte strings (literals without indexing, so no encoder state), and 
 finished in one loop iteration leave in one ``write``. The servicer is the same object
 grpcio serves (``InferenceServicer``); ``context`` is a :class:`CallContext` with the calls it
 uses (``abort``, ``invocation_metadata``). ``--grpc-server grpcio`` selects grpcio instead.
+Measured the same way, the bare servicer on this transport costs 28 us per request at c=8 and
+answers about 30k infer/s, where grpc.aio answered about 4k (benchmarks/README.md).
 
 What is covered: the connection preface and SETTINGS (both directions, ACKs), PING, GOAWAY,
 RST_STREAM (cancels the call's task), WINDOW_UPDATE and flow control both ways (receive windows
 given back as data arrives, or, on a stream whose reader lags, as it reads; sends wait for the
 peer's windows), CONTINUATION, padding, priority fields (ignored), unary and bidirectional
 streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message size limits
-(RESOURCE_EXHAUSTED), unknown methods (UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in
-flight may finish). Not covered: TLS, server push (gRPC does not use it), sending compressed
+(RESOURCE_EXHAUSTED; compressed messages inflate only up to the limit), unknown methods
+(UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
+per connection (request bytes waiting undelivered, streams, header blocks). Not covered: TLS, server push (gRPC does not use it), sending compressed
 responses (allowed by the protocol: responses go uncompressed), ``grpc-timeout`` (the client
 cancels at its deadline with RST_STREAM, which cancels the call here).
 """
