@@ -20,9 +20,10 @@ peer's windows), CONTINUATION, padding, priority fields (ignored), unary and bid
 streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message size limits
 (RESOURCE_EXHAUSTED; compressed messages inflate only up to the limit), unknown methods
 (UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
-per connection (request bytes waiting undelivered, streams, header blocks). Not covered: TLS, server push (gRPC does not use it), sending compressed
-responses (allowed by the protocol: responses go uncompressed), ``grpc-timeout`` (the client
-cancels at its deadline with RST_STREAM, which cancels the call here).
+per connection (request bytes waiting undelivered, streams, header blocks). Not covered: TLS,
+server push (gRPC does not use it), sending compressed responses (allowed by the protocol:
+responses go uncompressed), ``grpc-timeout`` (the client cancels at its deadline with
+RST_STREAM, which cancels the call here).
 """
 
 from __future__ import annotations
