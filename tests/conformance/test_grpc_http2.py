@@ -411,3 +411,34 @@ async def test_a_compressed_bomb_is_refused(echo_server: Any) -> None:
     payload = bytes(20 * 1024 * 1024)  # gzip makes it about 20 KiB on the wire
     code, message = await _status(target, "echo", payload, compression=grpc.Compression.Gzip)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "inflated" in message
+
+
+async def test_undelivered_byte_count_returns_to_zero_after_refusals(echo_server: Any) -> None:
+    import zlib
+
+    import hpack
+
+    server, _, _ = echo_server
+    server.max_message = 1024
+    gzip_headers = hpack.Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "echo"), (":authority", "x"),
+         ("content-type", "application/grpc"), ("grpc-encoding", "gzip")]
+    )  # fmt: skip
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    bomb = packer.compress(bytes(100_000)) + packer.flush()
+    message = b"\x01" + len(bomb).to_bytes(4, "big") + bomb  # small on the wire, past the limit inflated
+    _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(
+            PREFACE + frame(4, 0, 0) + frame(1, 0x4, 1, bytes(gzip_headers)) + frame(0, 0x1, 1, message)
+        )
+        await writer.drain()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if server.connections and not next(iter(server.connections)).streams:
+                break
+        (connection,) = server.connections
+        assert not connection.streams  # answered RESOURCE_EXHAUSTED
+        assert connection.buffered == 0  # counted once as delivered, not twice
+    finally:
+        writer.close()

@@ -216,14 +216,13 @@ _EOF = _Eof()
 
 class _Stream:
     __slots__ = (
-        "context", "data", "drained", "encoding", "headers", "headers_sent", "method", "out",
+        "context", "data", "drained", "encoding", "headers_sent", "method", "out",
         "queue", "remote_closed", "send_window", "sid", "task", "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
         self.sid = sid
         self.method = method
-        self.headers = headers
         self.data = bytearray()
         self.send_window = window
         self.out = bytearray()  # response bytes (gRPC-framed) waiting for the peer's window
@@ -369,13 +368,11 @@ class Connection(asyncio.Protocol):
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
-            stream = self._forget(sid)
+            stream = self.streams.get(sid)
             if stream is not None:
-                self.blocked.pop(sid, None)
                 if stream.task is not None:
                     stream.task.cancel()
-                self._wake(stream)
-                self._maybe_idle()
+                self._drop(stream)
         elif ftype == GOAWAY:
             self.closing = True
             self._maybe_idle()
@@ -479,11 +476,7 @@ class Connection(asyncio.Protocol):
         if stream.queue is not None:
             self._split_messages(stream)
         elif len(stream.data) > self.server.max_message + 5:
-            self._finish(
-                stream,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Received message larger than max ({len(stream.data) - 5} vs. {self.server.max_message})",
-            )
+            self._too_large(stream, len(stream.data) - 5)
             return
         if flags & END_STREAM:
             self._remote_end(stream)
@@ -497,8 +490,8 @@ class Connection(asyncio.Protocol):
             self._write(frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(self.recv_unacked)))
             self.recv_unacked = 0
 
-    def _take_data(self, stream: _Stream, count: int) -> None:
-        """``count`` bytes of ``stream.data`` were delivered (or dropped)."""
+    def _take_data(self, count: int) -> None:
+        """``count`` request bytes held here were delivered (or dropped)."""
         self.buffered -= count
         if self.recv_unacked:
             self._ack_connection()
@@ -520,11 +513,7 @@ class Connection(asyncio.Protocol):
         while len(data) - pos >= 5:
             length = int.from_bytes(data[pos + 1 : pos + 5], "big")
             if length > self.server.max_message:
-                self._finish(
-                    stream,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"Received message larger than max ({length} vs. {self.server.max_message})",
-                )
+                self._too_large(stream, length)
                 return
             if len(data) - pos - 5 < length:
                 break
@@ -534,25 +523,27 @@ class Connection(asyncio.Protocol):
             queue.put_nowait(message)
             pos += 5 + length
         del data[:pos]
-        self._take_data(stream, pos)
+        self._take_data(pos)
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
         try:
             if compressed:
-                limit = self.server.max_message
-                inflated = inflate(body, _ENCODINGS[stream.encoding], limit)
+                inflated = inflate(body, _ENCODINGS[stream.encoding], self.server.max_message)
                 if inflated is None:
-                    self._finish(
-                        stream,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max (more than {limit} bytes inflated)",
-                    )
+                    self._too_large(stream, None)
                     return None
                 body = inflated
             return stream.method.parse(body)
         except (DecodeError, zlib.error) as exc:
             self._finish(stream, grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}")
             return None
+
+    def _too_large(self, stream: _Stream, size: int | None) -> None:
+        """Refuse a message over the limit (``size`` None: it inflates past it)."""
+        limit = self.server.max_message
+        detail = f"{size} vs. {limit}" if size is not None else f"more than {limit} bytes inflated"
+        message = f"Received message larger than max ({detail})"
+        self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _remote_end(self, stream: _Stream) -> None:
         if stream.remote_closed:
@@ -563,16 +554,15 @@ class Connection(asyncio.Protocol):
                 self._finish(stream, grpc.StatusCode.INTERNAL, "truncated request message")
             stream.queue.put_nowait(_EOF)
             return
-        if stream.trailers is not None or stream.task is not None:
-            self._maybe_close(stream)
-            return
+        if stream.task is not None or stream.trailers is not None:
+            return  # already running or answered: its end is this side's to send
         data = stream.data
         if len(data) < 5 or int.from_bytes(data[1:5], "big") != len(data) - 5:
             self._finish(stream, grpc.StatusCode.INTERNAL, "a unary call needs exactly one request message")
             return
-        request = self._message(stream, data[0], bytes(data[5:]))
         stream.data = bytearray()
-        self._take_data(stream, len(data))
+        self._take_data(len(data))
+        request = self._message(stream, data[0], bytes(data[5:]))
         if request is None:
             return
         unary = stream.method.unary
@@ -689,27 +679,22 @@ class Connection(asyncio.Protocol):
             self._close(stream)
 
     def _close(self, stream: _Stream) -> None:
-        """This side ended the stream; it is done once the client's side is too."""
-        self.blocked.pop(stream.sid, None)
-        self._wake(stream)
+        """This side ended the stream (its END_STREAM is written)."""
         if not stream.remote_closed:
             # the client may still be sending: tell it to stop (gRPC servers do this)
             self._write(frame(RST_STREAM, 0, stream.sid, _WINDOW.pack(NO_ERROR)))
-        self._forget(stream.sid)
-        self._maybe_idle()
+        self._drop(stream)
 
-    def _maybe_close(self, stream: _Stream) -> None:
-        if stream.trailers is not None and not stream.out:
-            self._forget(stream.sid)
-            self._maybe_idle()
-
-    def _forget(self, sid: int) -> _Stream | None:
-        """Remove a stream; request bytes it still held count as delivered."""
-        stream = self.streams.pop(sid, None)
-        if stream is not None and stream.data:
-            self._take_data(stream, len(stream.data))
+    def _drop(self, stream: _Stream) -> None:
+        """Forget a stream (ended here, or reset by the client): a sender waiting on it wakes,
+        request bytes it still held count as delivered."""
+        self.streams.pop(stream.sid, None)
+        self.blocked.pop(stream.sid, None)
+        self._wake(stream)
+        if stream.data:
+            self._take_data(len(stream.data))
             stream.data = bytearray()
-        return stream
+        self._maybe_idle()
 
     def _wake(self, stream: _Stream) -> None:
         if stream.drained is not None and not stream.drained.done():
@@ -723,10 +708,7 @@ class Connection(asyncio.Protocol):
             self.send_window += increment
             if self.send_window > 2**31 - 1:
                 raise H2Error(FLOW_CONTROL_ERROR, "connection window overflow")
-            for stream in list(self.blocked.values()):
-                self._flush(stream)
-                if self.send_window <= 0:
-                    break
+            self._flush_blocked()
             return
         target = self.streams.get(sid)
         if target is not None:
@@ -753,8 +735,14 @@ class Connection(asyncio.Protocol):
             elif key == HEADER_TABLE_SIZE:
                 pass  # responses use no dynamic table
         self._write(frame(SETTINGS, ACK, 0))
+        self._flush_blocked()
+
+    def _flush_blocked(self) -> None:
+        """Send what streams had waiting for the peer's windows, oldest first."""
         for stream in list(self.blocked.values()):
             self._flush(stream)
+            if self.send_window <= 0:
+                break
 
     def _write(self, data: bytes) -> None:
         """Queue bytes for the socket; everything queued in one loop iteration leaves in one write."""
@@ -780,11 +768,10 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- graceful stop
 
     def go_away(self) -> None:
-        if self.closing or self.transport is None:
-            self.closing = True
-            return
+        """No new streams; the connection closes once its streams are done."""
+        if not self.closing and self.transport is not None:
+            self._write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_sid, NO_ERROR)))
         self.closing = True
-        self._write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_sid, NO_ERROR)))
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
