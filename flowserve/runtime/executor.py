@@ -177,13 +177,13 @@ class Executor:
         # tasks that ended, in order, and a future to wake this loop when one does (lighter
         # than asyncio.wait, which registers and removes a callback on every pending task)
         ended: list[asyncio.Task[TensorMap]] = []
-        wake: list[asyncio.Future[None]] = []
+        waiter: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
 
         def on_done(task: asyncio.Task[TensorMap]) -> None:
             ended.append(task)
-            if wake and not wake[0].done():
-                wake[0].set_result(None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
         try:
             while ready or pending:
@@ -205,8 +205,8 @@ class Executor:
                 if not pending:
                     break
                 if not ended:
-                    wake[:] = [loop.create_future()]
-                    await wake[0]
+                    waiter = loop.create_future()
+                    await waiter
                 done, ended[:] = list(ended), []
                 for task in done:
                     index = pending.pop(task)
