@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,6 @@ pytestmark = pytest.mark.slow
 StatusCode = grpc.StatusCode
 TESTS = Path(__file__).resolve().parent.parent
 LEAF_MODEL_PY = (TESTS / "models" / "grpc_leaf" / "1" / "model.py").read_bytes()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def raises(code: grpc.StatusCode, *fragments: str) -> Any:

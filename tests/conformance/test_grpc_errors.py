@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.slow
@@ -20,24 +20,6 @@ pytestmark = pytest.mark.slow
 StatusCode = grpc.StatusCode
 MODELS = ["simple", "simple_ensemble", "fanout"]
 INPUTS = {"simple": ("INPUT0", "INPUT1"), "simple_ensemble": ("INPUT0", "INPUT1"), "fanout": ("a", "b")}
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def stub(server: Any) -> Iterator[Any]:
-    channel = grpc.insecure_channel(server.grpc_url)
-    try:
-        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    finally:
-        channel.close()
 
 
 def tensor(name: str, array: np.ndarray, datatype: str = "INT32") -> grpcclient.InferInput:

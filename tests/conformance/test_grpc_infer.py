@@ -7,18 +7,17 @@ from __future__ import annotations
 import asyncio
 import queue
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 pytestmark = pytest.mark.slow
@@ -45,24 +44,6 @@ CASES = [
 def case(request: pytest.FixtureRequest) -> Case:
     result: Case = request.param
     return result
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def stub(server: Any) -> Iterator[Any]:
-    channel = grpc.insecure_channel(server.grpc_url)
-    try:
-        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    finally:
-        channel.close()
 
 
 def data(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -54,15 +53,6 @@ def sample(datatype: str, rows: int = 2, cols: int = 5) -> np.ndarray:
 
 def model_for(datatype: str) -> str:
     return "identity_string" if datatype == "BYTES" else f"identity_{datatype.lower()}"
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def assert_same(got: np.ndarray, want: np.ndarray) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,15 +17,6 @@ pytestmark = pytest.mark.slow
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 RAW_A = A.tobytes()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def request(

@@ -7,7 +7,7 @@ import gzip
 import http.client
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,15 +43,6 @@ CASES = [
 def case(request: pytest.FixtureRequest) -> Case:
     param: Case = request.param
     return param
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def operands(batch: int = 1) -> tuple[np.ndarray, np.ndarray]:

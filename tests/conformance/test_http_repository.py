@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +52,6 @@ def chain_config(name: str, step: str) -> str:
             },
         }
     )
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def infer_identity(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,15 +13,6 @@ import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def get(server: Any, path: str) -> tuple[int, bytes, str]:

@@ -47,15 +47,6 @@ class Regions:
 
 
 @pytest.fixture
-def client(server: Any) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
 def regions(client: httpclient.InferenceServerClient) -> Iterator[Regions]:
     r = Regions(client)
     try:
