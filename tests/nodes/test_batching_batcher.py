@@ -546,7 +546,8 @@ async def test_a_lone_inline_instance_runs_batches_in_the_batching_task(
     backend = LoopBackend(backend_model(1), 1, stats, clock)
     backend.tasks = []
     backend.pool.policy.threshold_ns = 10**9  # every call is cheap: inline after probing
-    batcher = make(BatchingSpec(4), backend, stats=stats)
+    # a queue delay (never reached: preferred size 1 sends each at once), so none runs "at once"
+    batcher = make(BatchingSpec(4, (1,), max_queue_delay_us=LONG_US), backend, stats=stats)
     await batcher.start()
     for i in range(12):
         result = await batcher({"x": rows(1, i)}, Context())
@@ -555,3 +556,63 @@ async def test_a_lone_inline_instance_runs_batches_in_the_batching_task(
     assert inline and all(t is batcher._task for t in inline)  # no task per batch
     assert all(t is None for t in backend.tasks[: backend.pool.policy.probe])  # probes: thread
     assert stats.execution_count == 12
+
+
+async def probed(make: Factory, clock: FakeClock, spec: BatchingSpec) -> tuple[Batcher, LoopBackend, ModelStats]:
+    """A started batcher over an inline LoopBackend whose probe calls are done."""
+    stats = ModelStats()
+    backend = LoopBackend(backend_model(1), 1, stats, clock)
+    backend.tasks = []
+    backend.pool.policy.threshold_ns = 10**9
+    batcher = make(spec, backend, stats=stats)
+    await batcher.start()
+    for i in range(backend.pool.policy.probe):
+        await batcher({"x": rows(1, i)}, Context())
+    backend.tasks.clear()
+    return batcher, backend, stats
+
+
+async def test_with_no_queue_delay_a_lone_request_runs_at_once_in_its_callers_task(
+    make: Factory, clock: FakeClock
+) -> None:
+    batcher, backend, stats = await probed(make, clock, BatchingSpec(4))
+    before = (stats.execution_count, stats.queue.count)
+    result = await batcher({"x": rows(2, 5)}, Context())
+    np.testing.assert_array_equal(result["y"], rows(2, 5) * 2)
+    assert backend.tasks == [asyncio.current_task()]  # not the batching task
+    # counted as Triton counts any batch: one execution, one queued request (for 0 ns here)
+    assert (stats.execution_count, stats.queue.count) == (before[0] + 1, before[1] + 1)
+    assert stats.batches[2].compute_infer.count >= 1
+    assert batcher.free_instances == 1 and batcher.queued == 0
+
+
+async def test_at_once_gives_way_to_batching_when_requests_arrive_together(
+    make: Factory, clock: FakeClock
+) -> None:
+    batcher, backend, stats = await probed(make, clock, BatchingSpec(8))
+    # seven at a time: each runs alone until a sampled request (the 16th) waits in the
+    # queue, the others of its round queue behind it, and that batch's size turns the
+    # at-once path off
+    for _ in range(4):
+        xs = [rows(1, i) for i in range(7)]
+        results = await asyncio.gather(*(batcher({"x": x}, Context()) for x in xs))
+        for result, x in zip(results, xs, strict=True):
+            np.testing.assert_array_equal(result["y"], x * 2)
+    assert max(stats.batches) > 1
+    executions = stats.execution_count
+    await asyncio.gather(*(batcher({"x": rows(1, i)}, Context()) for i in range(8)))
+    assert stats.execution_count == executions + 1  # one batch of eight, from the queue
+    assert backend.tasks[-1] is batcher._task
+
+
+async def test_a_queue_delay_or_a_busy_instance_means_no_at_once(make: Factory, clock: FakeClock) -> None:
+    batcher, backend, _ = await probed(make, clock, BatchingSpec(4, (1,), max_queue_delay_us=LONG_US))
+    await batcher({"x": rows(1)}, Context())
+    assert backend.tasks == [batcher._task]
+
+
+async def test_at_once_keeps_preserve_ordering(make: Factory, clock: FakeClock) -> None:
+    batcher, backend, _ = await probed(make, clock, BatchingSpec(4, preserve_ordering=True))
+    results = [await batcher({"x": rows(1, i)}, Context()) for i in range(3)]
+    assert [float(r["y"][0, 0]) for r in results] == [0.0, 2.0, 4.0]
+    assert backend.tasks == [asyncio.current_task()] * 3
