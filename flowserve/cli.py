@@ -211,6 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_restrictions=http_restrictions,
         grpc_restrictions=grpc_restrictions,
         grpc_server=args.grpc_server,
+        http_server=args.http_server,
         model_load_threads=args.model_load_thread_count,
     )
     if args.loop == "uvloop":
@@ -355,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="native",
         help="gRPC transport: flowserve's own HTTP/2 server (native, about a tenth of grpcio's CPU per "
         "call) or grpc's asyncio server (grpcio)",
+    )
+    serve.add_argument(
+        "--http-server",
+        choices=("native", "uvicorn"),
+        default="native",
+        help="HTTP/1.1 server: flowserve's own (native, about half uvicorn's CPU per request) or "
+        "uvicorn with httptools (uvicorn)",
     )
     serve.add_argument(
         "--model-load-thread-count",

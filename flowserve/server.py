@@ -66,6 +66,7 @@ class ServerOptions:
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_server: str = "native"  # or "grpcio" (frontends/grpc/__init__.py)
+    http_server: str = "native"  # or "uvicorn" (frontends/http/listener.py)
     model_load_threads: int = 4
     # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
@@ -111,7 +112,9 @@ class Server:
 
                 mounts = {"/ui": make_ui_app(plane)}
                 self.listeners.append(
-                    await start_http(plane, opts.host, opts.http_port, mounts, opts.http_restrictions)
+                    await start_http(
+                        plane, opts.host, opts.http_port, mounts, opts.http_restrictions, opts.http_server
+                    )
                 )
             if opts.grpc_port >= 0:
                 from flowserve.frontends.grpc import start_grpc

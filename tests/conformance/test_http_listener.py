@@ -1,4 +1,4 @@
-"""The HTTP listener in process: port 0, mounted ASGI apps, graceful and forced stop."""
+"""The HTTP listener in process, on both servers: port 0, mounted ASGI apps, graceful and forced stop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane
-from flowserve.frontends.http import start_http
+from flowserve.frontends.http import HTTP_SERVERS, start_http
 
 
 class SlowApp:
@@ -33,9 +33,11 @@ class SlowApp:
         await send({"type": "http.response.body", "body": body})
 
 
-async def test_mounts_and_graceful_stop() -> None:
+@pytest.mark.parametrize("server", HTTP_SERVERS)
+async def test_mounts_and_graceful_stop(server: str) -> None:
     ui = SlowApp()
-    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={"/ui": ui, "/ui/admin/": ui})
+    mounts: dict[str, Any] = {"/ui": ui, "/ui/admin/": ui}
+    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts=mounts, server=server)
     assert listener.port > 0
     base = f"http://127.0.0.1:{listener.port}"
     try:
@@ -69,9 +71,10 @@ async def test_mounts_and_graceful_stop() -> None:
         await listener.stop(grace_s=0)
 
 
-async def test_stop_cuts_requests_after_grace() -> None:
+@pytest.mark.parametrize("server", HTTP_SERVERS)
+async def test_stop_cuts_requests_after_grace(server: str) -> None:
     ui = SlowApp()
-    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={"/ui": ui})
+    listener = await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={"/ui": ui}, server=server)
     async with aiohttp.ClientSession() as session:
         slow = asyncio.create_task(session.get(f"http://127.0.0.1:{listener.port}/ui/slow"))
         await ui.entered.wait()
@@ -87,10 +90,11 @@ async def test_mount_prefixes_are_checked() -> None:
             await start_http(DataPlane(Engine()), "127.0.0.1", 0, mounts={prefix: ui})
 
 
-async def test_busy_port_is_a_clear_error() -> None:
-    first = await start_http(DataPlane(Engine()), "127.0.0.1", 0)
+@pytest.mark.parametrize("server", HTTP_SERVERS)
+async def test_busy_port_is_a_clear_error(server: str) -> None:
+    first = await start_http(DataPlane(Engine()), "127.0.0.1", 0, server=server)
     try:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
-            await start_http(DataPlane(Engine()), "127.0.0.1", first.port)
+            await start_http(DataPlane(Engine()), "127.0.0.1", first.port, server=server)
     finally:
         await first.stop(grace_s=1)

@@ -6,14 +6,15 @@
     ...
     await listener.stop(grace_s=30)
 
-A raw ASGI callable (:class:`HttpApp`) served by uvicorn with httptools, as a task of the
-running event loop; ``mounts`` delegates every request under a path prefix to another ASGI app.
+A raw ASGI callable (:class:`HttpApp`) served in the running event loop by flowserve's own
+HTTP/1.1 server (``http1.py``, the default) or by uvicorn with httptools (``server="uvicorn"``);
+``mounts`` delegates every request under a path prefix to another ASGI app.
 """
 
 from __future__ import annotations
 
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
-from flowserve.frontends.http.listener import HttpListener, start_http
+from flowserve.frontends.http.listener import HTTP_SERVERS, HttpListener, start_http
 
-__all__ = ["ASGIApp", "HttpApp", "HttpListener", "start_http"]
+__all__ = ["HTTP_SERVERS", "ASGIApp", "HttpApp", "HttpListener", "start_http"]

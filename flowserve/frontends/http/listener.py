@@ -1,4 +1,6 @@
-"""uvicorn (httptools) serving :class:`HttpApp` inside the running event loop.
+"""The HTTP front end's listener: :class:`HttpApp` served inside the running event loop by
+flowserve's own HTTP/1.1 server (``native``, the default: ``http1.py``, about half uvicorn's
+CPU per request) or by uvicorn with httptools (``uvicorn``, ``--http-server uvicorn``).
 
 The socket is bound here, so a busy port is a clear ``OSError`` rather than uvicorn's
 ``sys.exit``, and port 0 gives the port actually bound. uvicorn's ``serve()`` is not used: it
@@ -16,14 +18,16 @@ from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
+from flowserve.frontends.http.http1 import Http1Server
 
 KEEP_ALIVE_S = 75  # clients (tritonclient, perf_analyzer) hold pooled connections open
+HTTP_SERVERS = ("native", "uvicorn")
 
 
 class HttpListener:
     """A started HTTP front end: ``port`` is the bound port; ``stop`` shuts it down gracefully."""
 
-    def __init__(self, server: uvicorn.Server, port: int) -> None:
+    def __init__(self, server: uvicorn.Server | Http1Server, port: int) -> None:
         self._server = server
         self.port = port
         self._stopped = False
@@ -34,6 +38,9 @@ class HttpListener:
             return
         self._stopped = True
         server = self._server
+        if isinstance(server, Http1Server):
+            await server.stop(grace_s)
+            return
         server.config.timeout_graceful_shutdown = max(math.ceil(grace_s), 0)  # uvicorn takes whole seconds
         await server.shutdown()
         for connection in list(server.server_state.connections):
@@ -60,11 +67,25 @@ async def start_http(
     port: int,
     mounts: dict[str, ASGIApp] | None = None,
     restrictions: Restrictions | None = None,
+    server: str = "native",
 ) -> HttpListener:
     """Serve Triton's HTTP/REST protocol for ``plane`` on ``host:port`` (0: any free port);
-    ``restrictions``: API categories that need a header (``--http-restricted-api``)."""
+    ``restrictions``: API categories that need a header (``--http-restricted-api``);
+    ``server``: one of ``HTTP_SERVERS``."""
+    if server not in HTTP_SERVERS:
+        raise ValueError(f"unknown HTTP server {server!r}; choose one of {', '.join(HTTP_SERVERS)}")
+    app = HttpApp(plane, mounts, restrictions)
+    if server == "native":
+        native = Http1Server(app, idle_timeout_s=KEEP_ALIVE_S)
+        sock = bind(host, port)
+        try:
+            await native.start(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return HttpListener(native, int(sock.getsockname()[1]))
     config = uvicorn.Config(
-        HttpApp(plane, mounts, restrictions),
+        app,
         http="httptools",
         ws="auto",
         lifespan="off",
@@ -77,12 +98,12 @@ async def start_http(
         timeout_keep_alive=KEEP_ALIVE_S,
     )
     config.load()
-    server = uvicorn.Server(config)
-    server.lifespan = config.lifespan_class(config)
+    uv = uvicorn.Server(config)
+    uv.lifespan = config.lifespan_class(config)
     sock = bind(host, port)
     try:
-        await server.startup(sockets=[sock])
+        await uv.startup(sockets=[sock])
     except BaseException:
         sock.close()
         raise
-    return HttpListener(server, int(sock.getsockname()[1]))
+    return HttpListener(uv, int(sock.getsockname()[1]))

@@ -1,0 +1,480 @@
+"""flowserve's own HTTP/1.1 server for the ASGI app (the default; ``--http-server uvicorn``
+keeps uvicorn).
+
+Why: uvicorn's httptools protocol costs most of a bare HTTP handler's time. Answering add_sub
+with no engine behind it (``benchmarks/bare_http.py``) at concurrency 8 over perf_analyzer,
+uvicorn gave 13.1k infer/s and a raw httptools protocol 22.6k (1.7x) on the same machine, in
+the same run. What uvicorn spends it on: a ``RequestResponseCycle`` object, a header-validation
+regex per response header, two socket writes per response (status line and headers, then the
+body), ASGI messages checked field by field. This server keeps the ASGI interface (the same
+:class:`~flowserve.frontends.http.app.HttpApp` and mounts) and drops the rest:
+
+- one :class:`asyncio.Protocol` per connection on the engine's loop, parsing with ``httptools``;
+- the response head is held until the first body message, so a response goes out in one write;
+- response headers are written as the app gives them (the app is this server's own code);
+- requests on one connection are answered in order (pipelining): one runs at a time, those
+  parsed behind it wait, and reading pauses when ``MAX_PIPELINED`` are waiting;
+- a request body is kept in memory as it arrives and handed to the app by ``receive``; reading
+  pauses while more than ``BODY_HIGH_WATER`` bytes wait unread (the app enforces the request
+  size limit and answers 413 as soon as it is passed; what follows of that body is discarded);
+- ``Expect: 100-continue`` is answered when the app first asks for the body;
+- a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
+- ``send`` waits while the socket's send buffer is over its high-water mark (a slow reader
+  holds its own request, not the server's memory);
+- keep-alive by HTTP version and ``Connection``; idle connections close after
+  ``idle_timeout_s``; a malformed request gets 400 and the connection closes;
+- a client that goes away: ``receive`` answers ``http.disconnect``, later sends are dropped.
+
+``stop(grace_s)`` stops accepting, closes idle connections, lets requests in flight finish for
+up to ``grace_s`` (their connections close after the response), then cancels what is left
+and closes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import deque
+from http import HTTPStatus
+from typing import cast
+from urllib.parse import unquote
+
+import httptools
+
+from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
+
+log = logging.getLogger("flowserve.http")
+
+MAX_PIPELINED = 16  # requests parsed and waiting behind the one being answered
+BODY_HIGH_WATER = 4 << 20  # unread request body bytes before reading pauses
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))
+
+
+class _Request:
+    """One request on a connection: its scope, its body as it arrives, its response state."""
+
+    __slots__ = (
+        "body",
+        "buffered",
+        "chunked",
+        "complete",
+        "continue_sent",
+        "delivered",
+        "discard",
+        "expect_continue",
+        "head",
+        "head_sent",
+        "keep_alive",
+        "length",
+        "reader",
+        "responded",
+        "scope",
+    )
+
+    def __init__(self, scope: Scope, keep_alive: bool, expect_continue: bool) -> None:
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.expect_continue = expect_continue
+        self.continue_sent = False
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.complete = False  # the whole body has arrived
+        self.delivered = False  # ... and receive() has handed all of it to the app
+        self.discard = False  # the app answered: what follows of the body is dropped
+        self.reader: asyncio.Future[None] | None = None  # receive() waiting for body bytes
+        self.head: bytes | None = None  # status line and headers, until the first body write
+        self.head_sent = False
+        self.chunked = False
+        self.length: int | None = None  # Content-Length the app declared
+        self.responded = False  # the last body message was sent
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs the app on them in order, writes answers."""
+
+    def __init__(self, server: Http1Server) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client: tuple[str, int] | None = None
+        self.local: tuple[str, int] | None = None
+        self.gone = False
+        self.closing = False  # answer what is in flight, then close
+        self.parsing: _Request | None = None  # the request whose body is arriving
+        self.current: _Request | None = None  # the request the app is answering
+        self.waiting: deque[_Request] = deque()
+        self.task: asyncio.Task[None] | None = None
+        self._url = b""
+        self._headers: Headers = []
+        self._idle: asyncio.TimerHandle | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._paused = False
+        self._broken = False  # the parser failed or stopped: later bytes are not read
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        self.local = (str(local[0]), int(local[1])) if isinstance(local, tuple) else None
+        self.server.connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self.server.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        for request in (self.current, self.parsing, *self.waiting):
+            if request is not None:
+                _wake(request)
+        self.waiting.clear()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._broken:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # an upgrade (h2c, websocket) this server does not do: the request was parsed
+            # and is answered as plain HTTP/1.1; the connection closes after it
+            self._broken = True
+            self.shutdown()
+        except httptools.HttpParserError as exc:
+            self._broken = True
+            self._bad_request(f"malformed HTTP request: {exc}")
+
+    def pause_writing(self) -> None:
+        self._writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        url = self._url
+        raw, _, query = url.partition(b"?")
+        if not raw.startswith(b"/"):  # absolute-form (a proxy's request line)
+            parsed = httptools.parse_url(url)
+            raw, query = parsed.path or b"/", parsed.query or b""
+        path = raw.decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        version = parser.get_http_version()
+        scope: Scope = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": version,
+            "server": self.local,
+            "client": self.client,
+            "scheme": "http",
+            "method": parser.get_method().decode("ascii"),
+            "root_path": "",
+            "path": path,
+            "raw_path": raw,
+            "query_string": query,
+            "headers": self._headers,
+        }
+        expect = False
+        for name, value in self._headers:
+            if name == b"expect" and value.lower() == b"100-continue":
+                expect = True
+        request = _Request(scope, parser.should_keep_alive() and not self.closing, expect)
+        self.parsing = request
+        if self.current is None:
+            self._start(request)
+        else:
+            self.waiting.append(request)
+            if len(self.waiting) >= MAX_PIPELINED:
+                self._pause()
+
+    def on_body(self, body: bytes) -> None:
+        request = self.parsing
+        if request is None or request.discard:
+            return
+        request.body.append(body)
+        request.buffered += len(body)
+        if request.buffered > BODY_HIGH_WATER:
+            self._pause()
+        _wake(request)
+
+    def on_message_complete(self) -> None:
+        request = self.parsing
+        if request is not None:
+            request.complete = True
+            _wake(request)
+        self.parsing = None
+
+    # ------------------------------------------------------------------ running requests
+
+    def _start(self, request: _Request) -> None:
+        self.current = request
+        self.task = self.loop.create_task(self._run(request))
+
+    async def _run(self, request: _Request) -> None:
+        try:
+            await self.server.app(
+                request.scope, lambda: self._receive(request), lambda m: self._send(request, m)
+            )
+        except Exception as exc:
+            scope = request.scope
+            log.exception("HTTP %s %s failed in the ASGI app", scope["method"], scope["path"])
+            if not request.head_sent and not self.gone:
+                self._write_whole(request, 500, b"internal error: " + type(exc).__name__.encode())
+        if not request.responded and not self.gone:
+            if request.head_sent:  # a streamed response the app did not end: it cannot be framed
+                self.closing = True
+            else:
+                self._write_whole(request, 500, b"the application sent no response")
+        self._finished(request)
+
+    def _finished(self, request: _Request) -> None:
+        self.current = None
+        self.task = None
+        if self.gone:
+            return
+        if self.parsing is request and not request.complete:
+            if request.expect_continue and not request.continue_sent:
+                self.closing = True  # (see _send): never parse a body that may not come
+            request.discard = True  # answered before its body ended: drop the rest
+            request.body.clear()
+            request.buffered = 0
+        if not request.keep_alive or self.closing:
+            self._close()
+            return
+        self._resume()
+        if self.waiting:
+            self._start(self.waiting.popleft())
+        else:
+            self._arm_idle()
+
+    async def _receive(self, request: _Request) -> Message:
+        while True:
+            if self.gone:
+                return _DISCONNECT
+            if request.delivered or request.responded or request.discard:
+                # nothing more will come: as ASGI asks, wait for the client to go away
+                await _forever(self, request)
+                return _DISCONNECT
+            if request.body or request.complete:
+                body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
+                request.body = []
+                request.buffered = 0
+                request.delivered = request.complete
+                self._resume()
+                return {"type": "http.request", "body": body, "more_body": not request.complete}
+            if request.expect_continue and not request.continue_sent:
+                request.continue_sent = True
+                self._write(_CONTINUE)
+            waiter = request.reader = self.loop.create_future()
+            try:
+                await waiter
+            finally:
+                request.reader = None
+
+    async def _send(self, request: _Request, message: Message) -> None:
+        if self.gone or request.responded:
+            return
+        kind = message["type"]
+        if kind == "http.response.start":
+            status = int(message["status"])
+            lines = [status_line(status)]
+            length: int | None = None
+            for name, value in message.get("headers", ()):
+                lines.append(b"%s: %s\r\n" % (name, value))
+                if len(name) == 14 and name.lower() == b"content-length":
+                    length = int(value)
+            request.length = length
+            if self.closing:  # stopping, or the client asked for an upgrade
+                request.keep_alive = False
+            elif request.expect_continue and not request.continue_sent and not request.complete:
+                # the client may never send a body it was not asked for: the parser would
+                # read its next request as this body, so the connection ends with this answer
+                request.keep_alive = False
+            if not request.keep_alive:
+                lines.append(b"connection: close\r\n")
+            request.head = b"".join(lines)
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        head = request.head
+        if head is None and not request.head_sent:
+            raise RuntimeError("ASGI app sent a body before http.response.start")
+        body: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        if request.scope["method"] == "HEAD":
+            body = b""
+        out: bytes
+        if head is not None:
+            request.head = None
+            request.head_sent = True
+            if request.length is None:
+                if not more:
+                    head += b"content-length: %d\r\n" % len(body)
+                elif request.scope["http_version"] == "1.1":
+                    request.chunked = True
+                    head += b"transfer-encoding: chunked\r\n"
+                else:  # HTTP/1.0 has no chunks: the body ends when the connection does
+                    request.keep_alive = False
+            head += b"\r\n"
+            out = head + _framed(request, body, more)
+        else:
+            out = _framed(request, body, more)
+        if not more:
+            request.responded = True
+        self._write(out)
+        if self._writable is not None and more:
+            await self._writable
+
+    # ------------------------------------------------------------------ helpers
+
+    def _write(self, data: bytes) -> None:
+        if data and self.transport is not None and not self.gone:
+            self.transport.write(data)
+
+    def _write_whole(self, request: _Request, status: int, text: bytes) -> None:
+        keep = b"" if request.keep_alive else b"connection: close\r\n"
+        self._write(
+            status_line(status)
+            + b"content-type: text/plain\r\ncontent-length: %d\r\n%s\r\n" % (len(text), keep)
+            + text
+        )
+        request.head_sent = request.responded = True
+
+    def _bad_request(self, text: str) -> None:
+        if self.current is None and not self.gone:
+            body = text.encode("utf-8", "replace")
+            self._write(
+                status_line(400)
+                + b"content-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+                + body
+            )
+        self.waiting.clear()
+        mid_body = self.parsing is not None and self.parsing is self.current
+        self.parsing = None
+        self.closing = True
+        if self.current is None or mid_body:  # a body that cannot be read on cannot be answered
+            self._close()
+
+    def _close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if (
+            self._paused
+            and self.transport is not None
+            and len(self.waiting) < MAX_PIPELINED
+            and (self.parsing is None or self.parsing.buffered <= BODY_HIGH_WATER)
+        ):
+            self._paused = False
+            self.transport.resume_reading()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = self.loop.call_later(self.server.idle_timeout_s, self._close)
+
+    def shutdown(self) -> None:
+        """Close now if idle, else after the response in flight."""
+        self.closing = True
+        if self.current is None:
+            self._close()
+
+
+def _framed(request: _Request, body: bytes, more: bool) -> bytes:
+    if not request.chunked:
+        return body
+    chunk = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+    return chunk if more else chunk + b"0\r\n\r\n"
+
+
+def _wake(request: _Request) -> None:
+    reader = request.reader
+    if reader is not None and not reader.done():
+        reader.set_result(None)
+
+
+async def _forever(connection: Connection, request: _Request) -> None:
+    """Wait until the connection is gone (ASGI's receive after the request: disconnect)."""
+    while not connection.gone:
+        waiter = request.reader = connection.loop.create_future()
+        try:
+            await waiter
+        finally:
+            request.reader = None
+
+
+class Http1Server:
+    """Serves an ASGI app over HTTP/1.1 on a bound socket, in the running loop."""
+
+    def __init__(self, app: ASGIApp, idle_timeout_s: float = 75.0) -> None:
+        self.app = app
+        self.idle_timeout_s = idle_timeout_s
+        self.connections: set[Connection] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Connection(self), sock=sock, backlog=1024)
+
+    async def stop(self, grace_s: float) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for connection in list(self.connections):
+            connection.shutdown()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=max(grace_s, 0))
+            for task in late:  # past the grace: cancelled, as the request's deadline would be
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), timeout=1.0)
+

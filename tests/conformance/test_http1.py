@@ -1,0 +1,299 @@
+"""flowserve's own HTTP/1.1 server (frontends/http/http1.py) over raw sockets, in process: the
+protocol cases a client library does not show (pipelining, 100-continue, chunked both ways,
+HTTP/1.0, malformed requests, disconnects, back-pressure, idle timeout). Every HTTP suite of
+the conformance tests also runs over it, as it is the default server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from flowserve.frontends.http.http1 import BODY_HIGH_WATER, Http1Server
+
+
+class App:
+    """Echoes the body; '/stream' streams three chunks with no Content-Length; '/fail' raises;
+    '/early' answers without reading the body; '/hold' waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.most_active = 0
+        self.messages: list[dict[str, Any]] = []
+        self.scopes: list[dict[str, Any]] = []
+        self.release = asyncio.Event()
+        self.disconnected = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.scopes.append(scope)
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            path = scope["path"]
+            if path == "/fail":
+                raise RuntimeError("boom")
+            if path == "/stream":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                for part in (b"one", b"two", b"three"):
+                    await send({"type": "http.response.body", "body": part, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            body = b""
+            if path != "/early":
+                while True:
+                    message = await receive()
+                    self.messages.append(message)
+                    if message["type"] == "http.disconnect":
+                        self.disconnected.set()
+                        return
+                    body += message.get("body", b"")
+                    if not message.get("more_body"):
+                        break
+            if path == "/hold":
+                await self.release.wait()
+            out = b"%s %s %s" % (scope["method"].encode(), scope["path"].encode(), body)
+            headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(out))]
+            await send({"type": "http.response.start", "status": 201, "headers": headers})
+            await send({"type": "http.response.body", "body": out})
+        finally:
+            self.active -= 1
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Http1Server, App, int]]:
+    app = App()
+    server = Http1Server(app, idle_timeout_s=30)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    await server.start(sock)
+    try:
+        yield server, app, int(sock.getsockname()[1])
+    finally:
+        app.release.set()
+        await server.stop(grace_s=0)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
+    """One response: status, headers (lower-cased), body (Content-Length, chunked or to EOF)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+    if b"content-length" in headers:
+        body = await reader.readexactly(int(headers[b"content-length"]))
+    elif headers.get(b"transfer-encoding") == b"chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += chunk[:-2]
+    else:
+        body = await asyncio.wait_for(reader.read(), 5)
+    return status, headers, body
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def test_keep_alive_and_pipelined_requests_are_answered_in_order(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    _, app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/a", b"1") + post("/b", b"22") + post("/c%20d", b"333"))
+    answers = [await read_response(reader) for _ in range(3)]
+    assert [a[2] for a in answers] == [b"POST /a 1", b"POST /b 22", b"POST /c d 333"]
+    assert all(a[0] == 201 for a in answers)
+    assert app.most_active == 1  # one request at a time per connection
+    assert app.scopes[2]["raw_path"] == b"/c%20d" and app.scopes[0]["http_version"] == "1.1"
+    writer.write(b"GET /q?x=1&y=2 HTTP/1.1\r\nHost: x\r\n\r\n")  # same connection, later
+    status, _, body = await read_response(reader)
+    assert (status, body) == (201, b"GET /q ")
+    assert app.scopes[-1]["query_string"] == b"x=1&y=2"
+    writer.close()
+
+
+async def test_expect_100_continue_is_answered_when_the_body_is_wanted(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/echo", b"", "Expect: 100-continue").replace(b"Length: 0", b"Length: 5"))
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"hello")
+    assert (await read_response(reader))[2] == b"POST /echo hello"
+    writer.close()
+
+
+async def test_expect_100_not_wanted_closes_after_the_answer(served: tuple[Http1Server, App, int]) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/early", b"", "Expect: 100-continue").replace(b"Length: 0", b"Length: 5"))
+    status, headers, body = await read_response(reader)
+    assert (status, body, headers[b"connection"]) == (201, b"POST /early ", b"close")
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: no 100, no body read
+    writer.close()
+
+
+async def test_a_chunked_request_body_arrives_decoded(served: tuple[Http1Server, App, int]) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    assert (await read_response(reader))[2] == b"POST /c abcde"
+    writer.close()
+
+
+async def test_streamed_responses_are_chunked_on_1_1_and_end_by_close_on_1_0(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert (status, headers[b"transfer-encoding"], body) == (200, b"chunked", b"onetwothree")
+    writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert b"transfer-encoding" not in headers and body == b"onetwothree"  # read to EOF
+    writer.close()
+
+
+async def test_connection_close_http_1_0_and_head(served: tuple[Http1Server, App, int]) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, _ = await asyncio.wait_for(_head_only(reader), 5)
+    assert status == 201 and headers[b"content-length"] == b"8"  # "HEAD /h ": what GET would send; no body
+    writer.write(post("/x", b"", "Connection: close"))
+    status, headers, body = await read_response(reader)
+    assert (body, headers[b"connection"]) == (b"POST /x ", b"close")
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /old HTTP/1.0\r\n\r\n")
+    assert (await read_response(reader))[2] == b"GET /old "
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # HTTP/1.0 without keep-alive: closed
+    writer.close()
+
+
+async def _head_only(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {n.strip().lower(): v.strip() for n, _, v in (x.partition(b":") for x in lines[1:] if x)}
+    return int(lines[0].split()[1]), headers, b""
+
+
+async def test_malformed_requests_get_400_and_the_connection_closes(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    _, app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert status == 400 and headers[b"connection"] == b"close" and b"malformed" in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert not app.scopes
+
+
+async def test_an_app_failure_is_500_and_the_connection_lives_on(served: tuple[Http1Server, App, int]) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/fail", b"ignored"))
+    status, _, body = await read_response(reader)
+    assert status == 500 and b"RuntimeError" in body
+    writer.write(post("/after", b"ok"))  # the unread body was discarded, not parsed as a request
+    assert (await read_response(reader))[2] == b"POST /after ok"
+    writer.close()
+
+
+async def test_an_answer_before_the_body_ends_discards_the_rest(served: tuple[Http1Server, App, int]) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/early", b"0123456789")[:-4])  # six of ten body bytes so far
+    assert (await read_response(reader))[2] == b"POST /early "
+    writer.write(b"6789" + post("/next", b"n"))
+    assert (await read_response(reader))[2] == b"POST /next n"
+    writer.close()
+
+
+async def test_a_client_that_goes_away_mid_body_is_a_disconnect(served: tuple[Http1Server, App, int]) -> None:
+    server, app, port = served
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/echo", b"0123456789")[:-5])
+    await asyncio.sleep(0.05)
+    writer.close()
+    await asyncio.wait_for(app.disconnected.wait(), 5)
+    assert app.messages[0]["more_body"] is True and app.messages[-1]["type"] == "http.disconnect"
+    for _ in range(100):
+        if not server.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert not server.connections
+
+
+async def test_large_bodies_arrive_whole_through_paused_reading(served: tuple[Http1Server, App, int]) -> None:
+    _, app, port = served
+    body = bytes(range(256)) * (3 * BODY_HIGH_WATER // 256)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/big", body))
+    status, _, answer = await read_response(reader)
+    assert status == 201 and answer == b"POST /big " + body
+    assert len(app.messages) >= 1
+    writer.close()
+
+
+async def test_idle_connections_close_after_the_timeout() -> None:
+    server = Http1Server(App(), idle_timeout_s=0.1)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    await server.start(sock)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        writer.write(post("/x", b"1"))
+        await read_response(reader)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server when idle
+        writer.close()
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_stop_lets_the_request_in_flight_finish_then_closes(served: tuple[Http1Server, App, int]) -> None:
+    server, app, port = served
+    busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
+    idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+    busy_writer.write(post("/hold", b"h"))
+    for _ in range(100):
+        if app.active:
+            break
+        await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(server.stop(grace_s=10))
+    assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # idle: closed at once
+    assert not stopping.done()
+    app.release.set()
+    status, headers, body = await read_response(busy_reader)
+    assert (status, body, headers[b"connection"]) == (201, b"POST /hold h", b"close")
+    await stopping
+    busy_writer.close()
+    idle_writer.close()
+
+
+async def test_a_malformed_body_ends_the_request_reading_it(served: tuple[Http1Server, App, int]) -> None:
+    _, app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nZZ\r\n")
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: no answer can be framed
+    await asyncio.wait_for(app.disconnected.wait(), 5)  # the app's receive() saw the disconnect
+    writer.close()
