@@ -1,23 +1,30 @@
-"""The HTTP ceiling: a minimal raw-ASGI handler on uvicorn (httptools, uvloop) that answers one
-fixed model, ``add_sub`` (FP32 [16], OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1), with
-no engine behind it: no routing table, no validation, no batching, no statistics.
+"""The HTTP ceiling: a minimal raw-ASGI handler that answers one fixed model, ``add_sub``
+(FP32 [16], OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1), with no engine behind it: no
+routing table, no validation, no batching, no statistics. It is served by flowserve's own
+HTTP/1.1 server (``--server native``, the default, as flowserve's) or by uvicorn with
+httptools (``--server uvicorn``), on uvloop either way.
 
 It answers just what perf_analyzer asks for (server and model metadata, model config, statistics,
 readiness) and ``POST /v2/models/add_sub/infer`` with binary or JSON tensors. What flowserve's HTTP
 front end costs on top of the protocol stack is the distance to this handler.
 
-    python benchmarks/bare_http.py --port 8000
+    python benchmarks/bare_http.py --port 8000 [--server uvicorn]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import numpy as np
 import rapidjson
 import uvicorn
+import uvloop
+
+from flowserve.frontends.http.http1 import Http1Server
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -165,7 +172,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--server", choices=("native", "uvicorn"), default="native")
     args = parser.parse_args()
+    if args.server == "native":
+        uvloop.run(serve_native(args.host, args.port))
+        return
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -182,6 +193,15 @@ def main() -> None:
     )
     server = uvicorn.Server(config)
     server.run()
+
+
+async def serve_native(host: str, port: int) -> None:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    await Http1Server(app).start(sock)
+    await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
