@@ -170,12 +170,19 @@ class Batcher(Node):
         if self._task is None:
             raise Unavailable(f"'{self.name}' is not accepting requests: its batcher is not running")
         rows = request_rows(inputs, self.name)
+        now = self.clock.now_ns()
+        if (
+            self._at_once
+            and self._free
+            and not self._queue
+            and self._direct is None
+            and not self._order  # nothing in flight to keep the order of
+            and self._alone()
+        ):
+            return await self._run_at_once(inputs, ctx, rows, now)
         key = request_key(inputs, self.ragged)
         future: asyncio.Future[TensorMap] = asyncio.get_running_loop().create_future()
         call = _Call(inputs, ctx, future)
-        now = self.clock.now_ns()
-        if self._at_once and self._free and not self._queue and self._direct is None and self._alone():
-            return await self._run_at_once(Entry(call, rows, key, now, 0, queued=False))
         entry = self._queue.push(call, rows, key, now, ctx.priority, _timeout_us(ctx))
         self._wake.set()
         try:
@@ -191,14 +198,18 @@ class Batcher(Node):
         self._at_once_seen += 1
         return self._at_once_seen % AT_ONCE_SAMPLE != 0
 
-    async def _run_at_once(self, entry: Entry[_Call]) -> TensorMap:
+    async def _run_at_once(self, inputs: TensorMap, ctx: Context, rows: int, now: int) -> TensorMap:
+        """A batch of this one request, run by its caller: no queue entry, future or batch."""
         self._free -= 1
-        batch = _Batch([entry])
-        if self._preserve:
-            self._order.append(batch)
-        await self._run(batch)
-        # resolved by now, unless preserve_ordering holds it behind an earlier batch
-        return await entry.payload.future
+        phases = Phases()
+        try:
+            results = await self.runner.run([inputs], [rows], ctx, phases)
+        finally:
+            self._free += 1
+            if self._queue:
+                self._wake.set()
+        self._count(1, rows, phases.start_ns - now, phases)
+        return results[0]
 
     # ------------------------------------------------------------------ the batching task
 
@@ -302,9 +313,11 @@ class Batcher(Node):
             _resolve(order.popleft())
 
     def _record(self, entries: list[Entry[_Call]], phases: Phases) -> None:
-        requests = len(entries)
-        rows = sum(e.rows for e in entries)
         queue_ns = sum(phases.start_ns - e.enqueued_ns for e in entries)
+        self._count(len(entries), sum(e.rows for e in entries), queue_ns, phases)
+
+    def _count(self, requests: int, rows: int, queue_ns: int, phases: Phases) -> None:
+        """One executed batch in the node's and the model's statistics (as Triton counts)."""
         input_ns = phases.infer_start_ns - phases.start_ns
         infer_ns = phases.infer_end_ns - phases.infer_start_ns
         output_ns = phases.end_ns - phases.infer_end_ns
