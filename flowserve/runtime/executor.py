@@ -53,15 +53,15 @@ def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _SingleNode:
-    """A plan of one node fed only by graph inputs: ``flow`` has its bindings decided once
-    (read-only afterwards), for requests that give every input ``keys`` names."""
+    """A plan of one node fed only by graph inputs, for requests that give every input
+    ``keys`` names: the node's inputs and the graph's outputs map straight to names."""
 
-    flow: Flow
     keys: frozenset[str]
-    outputs: tuple[tuple[str, str], ...]  # graph output name -> the node's tensor key
+    inputs: tuple[tuple[str, str], ...]  # node input name -> request input name
+    outputs: tuple[tuple[str, str], ...]  # graph output name -> node output name
 
 
-def _single_node_flow(plan: Plan, decoupled: bool) -> _SingleNode | None:
+def _single_node(plan: Plan, decoupled: bool) -> _SingleNode | None:
     if len(plan.nodes) != 1 or decoupled:
         return None
     node = plan.nodes[0]
@@ -70,10 +70,16 @@ def _single_node_flow(plan: Plan, decoupled: bool) -> _SingleNode | None:
     if any(len(out.keys) != 1 for out in plan.outputs):
         return None
     keys = frozenset(c[0][1:] for _, c in node.bindings)
-    flow = Flow(plan)
-    if flow.start({f"${k}" for k in keys}) != [0]:
+    if Flow(plan).start({f"${k}" for k in keys}) != [0]:
         return None
-    return _SingleNode(flow, keys, tuple((out.name, out.keys[0]) for out in plan.outputs))
+    prefix = f"{node.name}."
+    if not all(out.keys[0].startswith(prefix) for out in plan.outputs):
+        return None
+    return _SingleNode(
+        keys,
+        tuple((name, c[0][1:]) for name, c in node.bindings),
+        tuple((out.name, out.keys[0][len(prefix) :]) for out in plan.outputs),
+    )
 
 
 def _own_stats(node: Node) -> NodeStats | None:
@@ -96,7 +102,7 @@ class Executor:
         self._partial = [n.spec.kind == "switch" for n in plan.nodes]
         self._decoupled = [node.decoupled for node in nodes]
         self._any_decoupled = any(self._decoupled)
-        self._single = _single_node_flow(plan, self._any_decoupled)
+        self._single = _single_node(plan, self._any_decoupled)
 
     @property
     def decoupled(self) -> bool:
@@ -119,10 +125,9 @@ class Executor:
 
     async def _run_single(self, single: _SingleNode, inputs: TensorMap, ctx: Context) -> TensorMap:
         """The one node of a one-node plan whose inputs are all given: no dataflow to decide
-        (a model or a one-step graph; most requests), so no per-request Flow."""
-        env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
-        await self._run_node(0, single.flow, env, ctx)
-        return {name: env[key] for name, key in single.outputs if key in env}
+        (a model or a one-step graph; most requests), so no per-request Flow or tensor keys."""
+        outputs = await self._call_node(0, {name: inputs[given] for name, given in single.inputs}, ctx)
+        return {name: outputs[produced] for name, produced in single.outputs if produced in outputs}
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
         """Every response of the graph for one request (one, unless a node is decoupled)."""
@@ -233,10 +238,18 @@ class Executor:
         return result
 
     async def _run_node(self, index: int, flow: Flow, env: dict[str, np.ndarray], ctx: Context) -> TensorMap:
+        """Run a node on the tensors its bindings chose; its outputs join the token's ``env``."""
+        inputs = {name: env[key] for name, key in flow.chosen[index].items() if key}
+        outputs = await self._call_node(index, inputs, ctx)
+        for check in self._checks[index]:
+            if check.name in outputs:
+                env[check.key] = outputs[check.name]
+        return outputs
+
+    async def _call_node(self, index: int, inputs: TensorMap, ctx: Context) -> TensorMap:
+        """Call a node: deadline, statistics, trace span, output check, errors named."""
         plan_node = self.plan.nodes[index]
         stats = self.stats[index]
-        chosen = flow.chosen[index]
-        inputs = {name: env[key] for name, key in chosen.items() if key}
         clock = self.clock
         start = clock.now_ns()
         if ctx.deadline_ns is not None and start > ctx.deadline_ns:
@@ -276,9 +289,6 @@ class Executor:
         if span is not None and ctx.trace is not None:
             span.end_ns = end
             ctx.trace.append(span)
-        for check in self._checks[index]:
-            if check.name in outputs:
-                env[check.key] = outputs[check.name]
         return outputs
 
     async def _call_by_deadline(self, node: Node, inputs: TensorMap, ctx: Context, now_ns: int) -> TensorMap:
