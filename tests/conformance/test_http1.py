@@ -77,8 +77,22 @@ async def served() -> AsyncIterator[tuple[Http1Server, App, int]]:
         await server.stop(grace_s=0)
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One response: status, headers (lower-cased), body (Content-Length, chunked or to EOF)."""
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@pytest.fixture
+async def conn(served: tuple[Http1Server, App, int]) -> AsyncIterator[Stream]:
+    """A client connection to ``served``, closed after the test."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", served[2])
+    yield reader, writer
+    writer.close()
+
+
+async def read_response(
+    reader: asyncio.StreamReader, body: bool = True
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    """One response: status, headers (lower-cased), body (Content-Length, chunked or to EOF;
+    none when ``body`` is false, as for HEAD)."""
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     lines = head.split(b"\r\n")
     status = int(lines[0].split()[1])
@@ -87,19 +101,19 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
         if line:
             name, _, value = line.partition(b":")
             headers[name.strip().lower()] = value.strip()
+    if not body:
+        return status, headers, b""
     if b"content-length" in headers:
-        body = await reader.readexactly(int(headers[b"content-length"]))
-    elif headers.get(b"transfer-encoding") == b"chunked":
-        body = b""
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            chunk = await reader.readexactly(size + 2)
-            if size == 0:
-                break
-            body += chunk[:-2]
-    else:
-        body = await asyncio.wait_for(reader.read(), 5)
-    return status, headers, body
+        return status, headers, await reader.readexactly(int(headers[b"content-length"]))
+    if headers.get(b"transfer-encoding") != b"chunked":
+        return status, headers, await asyncio.wait_for(reader.read(), 5)
+    data = b""
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        chunk = await reader.readexactly(size + 2)
+        if size == 0:
+            return status, headers, data
+        data += chunk[:-2]
 
 
 def post(path: str, body: bytes, *extra: str) -> bytes:
@@ -125,55 +139,45 @@ async def test_keep_alive_and_pipelined_requests_are_answered_in_order(
     writer.close()
 
 
-async def test_expect_100_continue_is_answered_when_the_body_is_wanted(
-    served: tuple[Http1Server, App, int],
-) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def test_expect_100_continue_is_answered_when_the_body_is_wanted(conn: Stream) -> None:
+    reader, writer = conn
     writer.write(post("/echo", b"", "Expect: 100-continue").replace(b"Length: 0", b"Length: 5"))
     assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
     writer.write(b"hello")
     assert (await read_response(reader))[2] == b"POST /echo hello"
-    writer.close()
 
 
-async def test_expect_100_not_wanted_closes_after_the_answer(served: tuple[Http1Server, App, int]) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def test_expect_100_not_wanted_closes_after_the_answer(conn: Stream) -> None:
+    reader, writer = conn
     writer.write(post("/early", b"", "Expect: 100-continue").replace(b"Length: 0", b"Length: 5"))
     status, headers, body = await read_response(reader)
     assert (status, body, headers[b"connection"]) == (201, b"POST /early ", b"close")
     assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: no 100, no body read
-    writer.close()
 
 
-async def test_a_chunked_request_body_arrives_decoded(served: tuple[Http1Server, App, int]) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+async def test_a_chunked_request_body_arrives_decoded(conn: Stream) -> None:
+    reader, writer = conn
+    writer.write(
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
     assert (await read_response(reader))[2] == b"POST /c abcde"
-    writer.close()
 
 
-async def test_streamed_responses_are_chunked_on_1_1_and_end_by_close_on_1_0(
-    served: tuple[Http1Server, App, int],
-) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def test_streamed_responses_are_chunked_on_1_1_and_end_by_close_on_1_0(conn: Stream) -> None:
+    reader, writer = conn
     writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
     status, headers, body = await read_response(reader)
     assert (status, headers[b"transfer-encoding"], body) == (200, b"chunked", b"onetwothree")
     writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
     status, headers, body = await read_response(reader)
     assert b"transfer-encoding" not in headers and body == b"onetwothree"  # read to EOF
-    writer.close()
 
 
 async def test_connection_close_http_1_0_and_head(served: tuple[Http1Server, App, int]) -> None:
-    _, _, port = served
+    port = served[2]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
-    status, headers, _ = await asyncio.wait_for(_head_only(reader), 5)
+    status, headers, _ = await read_response(reader, body=False)
     assert status == 201 and headers[b"content-length"] == b"8"  # "HEAD /h ": what GET would send; no body
     writer.write(post("/x", b"", "Connection: close"))
     status, headers, body = await read_response(reader)
@@ -185,13 +189,6 @@ async def test_connection_close_http_1_0_and_head(served: tuple[Http1Server, App
     assert (await read_response(reader))[2] == b"GET /old "
     assert await asyncio.wait_for(reader.read(), 5) == b""  # HTTP/1.0 without keep-alive: closed
     writer.close()
-
-
-async def _head_only(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    headers = {n.strip().lower(): v.strip() for n, _, v in (x.partition(b":") for x in lines[1:] if x)}
-    return int(lines[0].split()[1]), headers, b""
 
 
 async def test_malformed_requests_get_400_and_the_connection_closes(
@@ -207,25 +204,21 @@ async def test_malformed_requests_get_400_and_the_connection_closes(
     assert not app.scopes
 
 
-async def test_an_app_failure_is_500_and_the_connection_lives_on(served: tuple[Http1Server, App, int]) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def test_an_app_failure_is_500_and_the_connection_lives_on(conn: Stream) -> None:
+    reader, writer = conn
     writer.write(post("/fail", b"ignored"))
     status, _, body = await read_response(reader)
     assert status == 500 and b"RuntimeError" in body
     writer.write(post("/after", b"ok"))  # the unread body was discarded, not parsed as a request
     assert (await read_response(reader))[2] == b"POST /after ok"
-    writer.close()
 
 
-async def test_an_answer_before_the_body_ends_discards_the_rest(served: tuple[Http1Server, App, int]) -> None:
-    _, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def test_an_answer_before_the_body_ends_discards_the_rest(conn: Stream) -> None:
+    reader, writer = conn
     writer.write(post("/early", b"0123456789")[:-4])  # six of ten body bytes so far
     assert (await read_response(reader))[2] == b"POST /early "
     writer.write(b"6789" + post("/next", b"n"))
     assert (await read_response(reader))[2] == b"POST /next n"
-    writer.close()
 
 
 async def test_a_client_that_goes_away_mid_body_is_a_disconnect(served: tuple[Http1Server, App, int]) -> None:
@@ -270,7 +263,9 @@ async def test_idle_connections_close_after_the_timeout() -> None:
         await server.stop(grace_s=0)
 
 
-async def test_stop_lets_the_request_in_flight_finish_then_closes(served: tuple[Http1Server, App, int]) -> None:
+async def test_stop_lets_the_request_in_flight_finish_then_closes(
+    served: tuple[Http1Server, App, int],
+) -> None:
     server, app, port = served
     busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)

@@ -477,4 +477,3 @@ class Http1Server:
                 connection.transport.abort()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), timeout=1.0)
-
