@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flowserve.frontends.http.http1 import BODY_HIGH_WATER, Http1Server
+from flowserve.frontends.http.http1 import BODY_HIGH_WATER, MAX_HEAD, Http1Server
 
 
 class App:
@@ -247,7 +247,7 @@ async def test_large_bodies_arrive_whole_through_paused_reading(served: tuple[Ht
     writer.close()
 
 
-async def test_idle_connections_close_after_the_timeout() -> None:
+async def test_idle_connections_and_trickled_heads_close_after_the_timeout() -> None:
     server = Http1Server(App(), idle_timeout_s=0.1)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -259,8 +259,20 @@ async def test_idle_connections_close_after_the_timeout() -> None:
         await read_response(reader)
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server when idle
         writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n")  # and the rest of the head never comes
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
     finally:
         await server.stop(grace_s=0)
+
+
+async def test_a_request_head_over_the_limit_is_431(conn: Stream) -> None:
+    reader, writer = conn
+    writer.write(b"GET /h HTTP/1.1\r\n" + b"X-Big: " + b"a" * MAX_HEAD + b"\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert status == 431 and headers[b"connection"] == b"close" and str(MAX_HEAD).encode() in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
 
 
 async def test_stop_lets_the_request_in_flight_finish_then_closes(

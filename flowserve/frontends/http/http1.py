@@ -21,8 +21,10 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
 - a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
 - ``send`` waits while the socket's send buffer is over its high-water mark (a slow reader
   holds its own request, not the server's memory);
-- keep-alive by HTTP version and ``Connection``; idle connections close after
-  ``idle_timeout_s``; a malformed request gets 400 and the connection closes;
+- keep-alive by HTTP version and ``Connection``; a connection closes after
+  ``idle_timeout_s`` with no request or with a request head still incomplete (a client
+  trickling headers); a head over ``MAX_HEAD`` bytes gets 431, a malformed request 400, and
+  the connection closes;
 - a client that goes away: ``receive`` answers ``http.disconnect``, later sends are dropped.
 
 ``stop(grace_s)`` stops accepting, closes idle connections, lets requests in flight finish for
@@ -48,6 +50,7 @@ from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
 log = logging.getLogger("flowserve.http")
 
 MAX_PIPELINED = 16  # requests parsed and waiting behind the one being answered
+MAX_HEAD = 64 << 10  # bytes of request line and headers (beyond: 431 and the connection closes)
 BODY_HIGH_WATER = 4 << 20  # unread request body bytes before reading pauses
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -120,6 +123,7 @@ class Connection(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
         self._broken = False  # the parser failed or stopped: later bytes are not read
+        self._head_bytes = 0
 
     # ------------------------------------------------------------------ transport events
 
@@ -160,7 +164,10 @@ class Connection(asyncio.Protocol):
             self.shutdown()
         except httptools.HttpParserError as exc:
             self._broken = True
-            self._bad_request(f"malformed HTTP request: {exc}")
+            if self._head_bytes > MAX_HEAD:
+                self._bad_request(f"request line and headers exceed {MAX_HEAD} bytes", 431)
+            else:
+                self._bad_request(f"malformed HTTP request: {exc}")
 
     def pause_writing(self) -> None:
         self._writable = self.loop.create_future()
@@ -175,17 +182,27 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD:
+            raise ValueError("request head too large")  # the parser stops: data_received answers 431
 
     def on_headers_complete(self) -> None:
+        # the idle timer runs until a request's head is complete: a client that trickles
+        # its headers is closed like an idle one
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         parser = self.parser
         url = self._url
         raw, _, query = url.partition(b"?")
@@ -376,11 +393,11 @@ class Connection(asyncio.Protocol):
         )
         request.head_sent = request.responded = True
 
-    def _bad_request(self, text: str) -> None:
+    def _bad_request(self, text: str, status: int = 400) -> None:
         if self.current is None and not self.gone:
             body = text.encode("utf-8", "replace")
             self._write(
-                status_line(400)
+                status_line(status)
                 + b"content-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
                 + body
             )
