@@ -185,6 +185,9 @@ async def test_connection_close_http_1_0_and_head(served: tuple[Http1Server, App
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /kept HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert (body, headers[b"connection"]) == (b"GET /kept ", b"keep-alive")
     writer.write(b"GET /old HTTP/1.0\r\n\r\n")
     assert (await read_response(reader))[2] == b"GET /old "
     assert await asyncio.wait_for(reader.read(), 5) == b""  # HTTP/1.0 without keep-alive: closed

@@ -345,6 +345,8 @@ class Connection(asyncio.Protocol):
                 request.keep_alive = False
             if not request.keep_alive:
                 lines.append(b"connection: close\r\n")
+            elif request.scope["http_version"] == "1.0":  # kept open only when it says so
+                lines.append(b"connection: keep-alive\r\n")
             request.head = b"".join(lines)
             return
         if kind != "http.response.body":
