@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from flowserve.core.errors import InvalidArgument, SpecIssue
 from flowserve.dataplane.engine import add_import_roots, scan_all
+from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
 from flowserve.nodes.factory import compile_all
 
 if TYPE_CHECKING:
@@ -352,16 +353,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--grpc-server",
-        choices=("native", "grpcio"),
-        default="native",
+        choices=GRPC_SERVERS,
+        default=GRPC_SERVERS[0],
         help="gRPC transport: flowserve's own HTTP/2 server (native, about a tenth of grpcio's CPU per "
         "call) or grpc's asyncio server (grpcio)",
     )
     serve.add_argument(
         "--http-server",
-        choices=("native", "uvicorn"),
-        default="native",
-        help="HTTP/1.1 server: flowserve's own (native, about half uvicorn's CPU per request) or "
+        choices=HTTP_SERVERS,
+        default=HTTP_SERVERS[0],
+        help="HTTP/1.1 server: flowserve's own (native, about two thirds of uvicorn's CPU per request) or "
         "uvicorn with httptools (uvicorn)",
     )
     serve.add_argument(

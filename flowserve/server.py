@@ -65,8 +65,8 @@ class ServerOptions:
     max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_restrictions: Restrictions = field(default_factory=Restrictions)
-    grpc_server: str = "native"  # or "grpcio" (frontends/grpc/__init__.py)
-    http_server: str = "native"  # or "uvicorn" (frontends/http/listener.py)
+    grpc_server: str = "native"  # flowserve.frontends.GRPC_SERVERS
+    http_server: str = "native"  # flowserve.frontends.HTTP_SERVERS
     model_load_threads: int = 4
     # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
     remote: RemoteOptions = field(default_factory=RemoteOptions)

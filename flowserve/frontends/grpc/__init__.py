@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from flowserve.dataplane.access import Restrictions, grpc_category
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends import GRPC_SERVERS
 from flowserve.frontends.grpc import health
 from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
@@ -30,7 +31,6 @@ from flowserve.frontends.grpc.service import InferenceServicer
 
 __all__ = ["GRPC_SERVERS", "STATUS", "GrpcListener", "InferenceServicer", "start_grpc", "status_of"]
 
-GRPC_SERVERS = ("native", "grpcio")
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # Largest message sent back (outputs can be bigger than the request that asked for them).

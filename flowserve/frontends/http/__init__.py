@@ -13,8 +13,9 @@ HTTP/1.1 server (``http1.py``, the default) or by uvicorn with httptools (``serv
 
 from __future__ import annotations
 
+from flowserve.frontends import HTTP_SERVERS
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
-from flowserve.frontends.http.listener import HTTP_SERVERS, HttpListener, start_http
+from flowserve.frontends.http.listener import HttpListener, start_http
 
 __all__ = ["HTTP_SERVERS", "ASGIApp", "HttpApp", "HttpListener", "start_http"]

@@ -1,6 +1,6 @@
 """The HTTP front end's listener: :class:`HttpApp` served inside the running event loop by
-flowserve's own HTTP/1.1 server (``native``, the default: ``http1.py``, about half uvicorn's
-CPU per request) or by uvicorn with httptools (``uvicorn``, ``--http-server uvicorn``).
+flowserve's own HTTP/1.1 server (``native``, the default: ``http1.py``, about two thirds of
+uvicorn's CPU per request, bare) or by uvicorn with httptools (``--http-server uvicorn``).
 
 The socket is bound here, so a busy port is a clear ``OSError`` rather than uvicorn's
 ``sys.exit``, and port 0 gives the port actually bound. uvicorn's ``serve()`` is not used: it
@@ -16,12 +16,12 @@ import uvicorn
 
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends import HTTP_SERVERS
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
 from flowserve.frontends.http.http1 import Http1Server
 
 KEEP_ALIVE_S = 75  # clients (tritonclient, perf_analyzer) hold pooled connections open
-HTTP_SERVERS = ("native", "uvicorn")
 
 
 class HttpListener:
