@@ -228,11 +228,14 @@ async def test_a_client_that_goes_away_mid_body_is_a_disconnect(served: tuple[Ht
     server, app, port = served
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(post("/echo", b"0123456789")[:-5])
-    await asyncio.sleep(0.05)
+    for _ in range(500):  # until the app has the first half of the body
+        if app.messages:
+            break
+        await asyncio.sleep(0.01)
     writer.close()
     await asyncio.wait_for(app.disconnected.wait(), 5)
     assert app.messages[0]["more_body"] is True and app.messages[-1]["type"] == "http.disconnect"
-    for _ in range(100):
+    for _ in range(500):
         if not server.connections:
             break
         await asyncio.sleep(0.01)
@@ -285,7 +288,7 @@ async def test_stop_lets_the_request_in_flight_finish_then_closes(
     busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
     busy_writer.write(post("/hold", b"h"))
-    for _ in range(100):
+    for _ in range(500):
         if app.active:
             break
         await asyncio.sleep(0.01)
