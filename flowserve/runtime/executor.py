@@ -14,6 +14,7 @@ Several decoupled nodes in one token therefore multiply their responses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ class Executor:
         stats.calls += 1
         start = self.clock.now_ns()
         try:
-            async for produced in self.nodes[index].stream(inputs, ctx):
+            async for produced in self._stream_by_deadline(self.nodes[index], inputs, ctx):
                 try:
                     self._check_outputs(index, produced)
                 except Exception as exc:
@@ -308,6 +309,40 @@ class Executor:
             raise Unavailable(
                 f"request timeout expired ({timeout} us) while the node was running; abandoned"
             ) from None
+
+    async def _stream_by_deadline(
+        self, node: Node, inputs: TensorMap, ctx: Context
+    ) -> AsyncIterator[TensorMap]:
+        """A decoupled node's responses, but none later than the request's deadline: past it
+        the node's next response is waited for no more (UNAVAILABLE) and its stream is closed.
+        The wait is per response, not around the ``yield``: while the responses before it
+        travel on, the deadline is not this node's to enforce."""
+        responses = node.stream(inputs, ctx)
+        if ctx.deadline_ns is None:
+            async for produced in responses:
+                yield produced
+            return
+        clock = self.clock
+        try:
+            while True:
+                left_ns = ctx.deadline_ns - clock.now_ns()
+                try:
+                    if left_ns <= 0:
+                        raise TimeoutError
+                    produced = await asyncio.wait_for(anext(responses), left_ns / 1e9)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    if clock.now_ns() < ctx.deadline_ns:
+                        raise  # the node's own TimeoutError
+                    timeout = ctx.parameters.get("timeout", "?")
+                    raise Unavailable(
+                        f"request timeout expired ({timeout} us) while the node was streaming; abandoned"
+                    ) from None
+                yield produced
+        finally:
+            with contextlib.suppress(Exception):
+                await responses.aclose()  # type: ignore[attr-defined]
 
     def _check_outputs(self, index: int, outputs: TensorMap) -> None:
         """What a node returned matches what it declares; else INTERNAL (the server's fault,

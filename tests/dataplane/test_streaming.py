@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,6 +38,18 @@ class AsyncRepeat:
             await asyncio.sleep(0)
             yield {"y": inputs["x"] * 10 + i}
 
+class Stall:
+    '''One response, then nothing for a long time (a hung stream).'''
+    outputs = {"y": ("INT32", [-1])}
+    closed = []
+    async def execute(self, inputs):
+        try:
+            yield {"y": inputs["x"]}
+            await asyncio.sleep(30)
+            yield {"y": inputs["x"] + 1}
+        finally:
+            Stall.closed.append(True)
+
 class Double:
     outputs = {"z": ("INT32", [-1])}
     def execute(self, inputs):
@@ -51,7 +64,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[flowserve.Engine]:
     sys.path.insert(0, str(tmp_path))
     graphs = tmp_path / "graphs"
     graphs.mkdir()
-    for name, cls in (("repeat", "Repeat"), ("arepeat", "AsyncRepeat")):
+    for name, cls in (("repeat", "Repeat"), ("arepeat", "AsyncRepeat"), ("stall", "Stall")):
         (graphs / f"{name}.yaml").write_text(
             f"""
 inputs: {{x: {{datatype: INT32, dims: [1]}}, n: {{datatype: INT32, dims: [1]}}}}
@@ -119,3 +132,25 @@ async def test_ordinary_model_streams_one_response() -> None:
         np.testing.assert_array_equal(responses[0].outputs["OUTPUT0"], 2 * a)
     finally:
         await eng.stop()
+
+
+async def test_a_stream_past_the_request_timeout_is_abandoned_naming_the_node(
+    engine: flowserve.Engine,
+) -> None:
+    stalled = request("stall", 4, 1)
+    stalled.parameters = {"timeout": 200_000}  # us
+    got: list[list[int]] = []
+    started = time.monotonic()
+    with pytest.raises(FlowserveError) as caught:
+        async for response in engine.stream_request(stalled):
+            got.append(response.outputs["y"].tolist())
+    assert got == [[4]]  # the response before the deadline went out
+    assert time.monotonic() - started < 5  # not the node's 30 s
+    message = str(caught.value)
+    assert "node 'gen'" in message and "request timeout expired (200000 us)" in message, message
+    assert caught.value.code.name == "UNAVAILABLE"
+    newest = max((n for n in sys.modules if n.startswith("stream_nodes_")), key=lambda n: int(n[13:]))
+    stall_class = sys.modules[newest].Stall  # this test's module (each engine writes its own)
+    assert stall_class.closed  # the node's stream was closed, not left hanging
+    without = [r.outputs["y"].tolist() async for r in engine.stream_request(request("repeat", 1, 2))]
+    assert without == [[1], [2]]  # no deadline: streams as before
