@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from flowserve.frontends.grpc.http2 import PREFACE, CallContext, Http2GrpcServer, Method, decode_block, frame
+from flowserve.frontends.grpc.http2 import (
+    PREFACE,
+    CallContext,
+    Http2GrpcServer,
+    Method,
+    decode_block,
+    frame,
+    grpc_timeout_s,
+)
 
 SERVICE = "/test.Echo/"
 
@@ -442,3 +450,46 @@ async def test_undelivered_byte_count_returns_to_zero_after_refusals(echo_server
         assert connection.buffered == 0  # counted once as delivered, not twice
     finally:
         writer.close()
+
+
+def test_grpc_timeout_header_values() -> None:
+    assert grpc_timeout_s("100m") == pytest.approx(0.1)
+    assert grpc_timeout_s("2S") == 2.0 and grpc_timeout_s("1H") == 3600.0
+    assert grpc_timeout_s("5000u") == pytest.approx(0.005) and grpc_timeout_s("7n") == pytest.approx(7e-9)
+    for bad in (None, "", "m", "100", "100x", "123456789m", "-1S", "1.5S"):
+        assert grpc_timeout_s(bad) is None, bad
+
+
+async def test_the_deadline_a_client_sends_ends_the_call_here_too(echo_server: Any) -> None:
+    """A client that never resets the stream still gets DEADLINE_EXCEEDED at its deadline,
+    and the call is cancelled on the server."""
+    server, echo, _ = echo_server
+    import hpack
+
+    block = hpack.Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "slow"), (":authority", "x"),
+         ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "100m")]
+    )  # fmt: skip
+    message = b"\x00" + (1).to_bytes(4, "big") + b"x"
+    request = PREFACE + frame(4, 0, 0) + frame(1, 0x4, 1, block) + frame(0, 0x1, 1, message)
+
+    def until_trailers() -> list[tuple[str, str]]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(request)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+                pos = 0
+                while pos + 9 <= len(received):
+                    length = int.from_bytes(received[pos : pos + 3], "big")
+                    ftype, flags, sid = received[pos + 3], received[pos + 4], received[pos + 5 : pos + 9]
+                    if ftype == 1 and flags & 0x1 and int.from_bytes(sid, "big") == 1:
+                        payload = received[pos + 9 : pos + 9 + length]
+                        return [(k, v) for k, v in hpack.Decoder().decode(payload)]
+                    pos += 9 + length
+        raise AssertionError("no trailers")
+
+    headers = dict(await asyncio.to_thread(until_trailers))
+    assert headers["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+    assert headers["grpc-message"] == "Deadline Exceeded"
+    await asyncio.wait_for(echo.cancelled.wait(), 5)

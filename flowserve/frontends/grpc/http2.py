@@ -22,8 +22,9 @@ streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message s
 (UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
 per connection (request bytes waiting undelivered, streams, header blocks). Not covered: TLS,
 server push (gRPC does not use it), sending compressed responses (allowed by the protocol:
-responses go uncompressed), ``grpc-timeout`` (the client cancels at its deadline with
-RST_STREAM, which cancels the call here).
+responses go uncompressed). A call's ``grpc-timeout`` (the client's deadline) bounds it here
+too: past it the call is cancelled and ends with DEADLINE_EXCEEDED, whether or not the client
+resets the stream itself.
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
 _NOT_METADATA = frozenset(
     {b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
 )
+
+
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def grpc_timeout_s(value: str | None) -> float | None:
+    """A ``grpc-timeout`` header in seconds ("100m": 0.1); None when absent or malformed
+    (the gRPC spec: at most 8 digits, then one of H M S m u n)."""
+    if not value or not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1].encode())
+    return None if unit is None else int(value[:-1]) * unit
 
 
 def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -572,34 +585,46 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- running calls
 
     async def _run_unary(self, stream: _Stream, call: Unary, request: Any) -> None:
+        seconds = grpc_timeout_s(stream.context.header("grpc-timeout"))
+        deadline = None if seconds is None else asyncio.timeout(seconds)
         try:
-            response = await call(request, stream.context)
+            if deadline is None:  # most calls: no timeout to enter on the hot path
+                response = await call(request, stream.context)
+            else:
+                async with deadline:
+                    response = await call(request, stream.context)
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            self._failed(stream, exc)
+            self._failed(stream, exc, deadline)
         else:
             if stream.sid in self.streams:
                 self._send(stream, response.SerializeToString(), TRAILERS_OK)
 
     async def _run_streaming(self, stream: _Stream, call: Streaming) -> None:
         context = stream.context
+        deadline = asyncio.timeout(grpc_timeout_s(context.header("grpc-timeout")))
         try:
-            async for response in call(self._requests(stream), context):
-                if stream.sid not in self.streams:
-                    return
-                self._send(stream, response.SerializeToString(), None)
-                if len(stream.out) > SEND_AHEAD or (self.paused is not None and not self.paused.done()):
-                    await self._drain(stream)
+            async with deadline:
+                async for response in call(self._requests(stream), context):
+                    if stream.sid not in self.streams:
+                        return
+                    self._send(stream, response.SerializeToString(), None)
+                    if len(stream.out) > SEND_AHEAD or (self.paused is not None and not self.paused.done()):
+                        await self._drain(stream)
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            self._failed(stream, exc)
+            self._failed(stream, exc, deadline)
         else:
             self._finish(stream, context.code, context.details)  # OK unless set_code said otherwise
 
-    def _failed(self, stream: _Stream, exc: Exception) -> None:
-        """A call that raised: the status ``context.abort`` set, else UNKNOWN (a bug: logged)."""
+    def _failed(self, stream: _Stream, exc: Exception, deadline: asyncio.Timeout | None) -> None:
+        """A call that raised: DEADLINE_EXCEEDED past its deadline, the status
+        ``context.abort`` set, else UNKNOWN (a bug: logged)."""
+        if deadline is not None and isinstance(exc, TimeoutError) and deadline.expired():
+            self._finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            return
         if isinstance(exc, grpc.aio.AbortError):
             self._finish(stream, stream.context.code, stream.context.details)
             return
