@@ -151,7 +151,10 @@ class Executor:
         stats.calls += 1
         start = self.clock.now_ns()
         try:
-            async for produced in self._stream_by_deadline(self.nodes[index], inputs, ctx):
+            responses = self.nodes[index].stream(inputs, ctx)
+            if ctx.deadline_ns is not None:
+                responses = self._stream_by_deadline(responses, ctx)
+            async for produced in responses:
                 try:
                     self._check_outputs(index, produced)
                 except Exception as exc:
@@ -305,40 +308,30 @@ class Executor:
         except TimeoutError:
             if not timer.expired():
                 raise  # the node's own TimeoutError
-            timeout = ctx.parameters.get("timeout", "?")
-            raise Unavailable(
-                f"request timeout expired ({timeout} us) while the node was running; abandoned"
-            ) from None
+            raise _abandoned(ctx, "running") from None
 
     async def _stream_by_deadline(
-        self, node: Node, inputs: TensorMap, ctx: Context
+        self, responses: AsyncIterator[TensorMap], ctx: Context
     ) -> AsyncIterator[TensorMap]:
         """A decoupled node's responses, but none later than the request's deadline: past it
         the node's next response is waited for no more (UNAVAILABLE) and its stream is closed.
         The wait is per response, not around the ``yield``: while the responses before it
         travel on, the deadline is not this node's to enforce."""
-        responses = node.stream(inputs, ctx)
-        if ctx.deadline_ns is None:
-            async for produced in responses:
-                yield produced
-            return
+        assert ctx.deadline_ns is not None
         clock = self.clock
         try:
             while True:
                 left_ns = ctx.deadline_ns - clock.now_ns()
+                if left_ns <= 0:
+                    raise _abandoned(ctx, "streaming")
                 try:
-                    if left_ns <= 0:
-                        raise TimeoutError
                     produced = await asyncio.wait_for(anext(responses), left_ns / 1e9)
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
                     if clock.now_ns() < ctx.deadline_ns:
                         raise  # the node's own TimeoutError
-                    timeout = ctx.parameters.get("timeout", "?")
-                    raise Unavailable(
-                        f"request timeout expired ({timeout} us) while the node was streaming; abandoned"
-                    ) from None
+                    raise _abandoned(ctx, "streaming") from None
                 yield produced
         finally:
             with contextlib.suppress(Exception):
@@ -377,6 +370,12 @@ class Executor:
                         f"output '{check.name}' has shape {list(array.shape)}, declared dimension "
                         f"{axis} is {size}"
                     )
+
+
+def _abandoned(ctx: Context, doing: str) -> Unavailable:
+    """The error of a node whose request's deadline passed while it was ``doing`` its work."""
+    timeout = ctx.parameters.get("timeout", "?")
+    return Unavailable(f"request timeout expired ({timeout} us) while the node was {doing}; abandoned")
 
 
 __all__ = ["Executor", "NodeError"]
