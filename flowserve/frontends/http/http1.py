@@ -306,7 +306,7 @@ class Connection(asyncio.Protocol):
                 return _DISCONNECT
             if request.delivered or request.responded or request.discard:
                 # nothing more will come: as ASGI asks, wait for the client to go away
-                await _forever(self, request)
+                await self._until_gone(request)
                 return _DISCONNECT
             if request.body or request.complete:
                 body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
@@ -318,11 +318,19 @@ class Connection(asyncio.Protocol):
             if request.expect_continue and not request.continue_sent:
                 request.continue_sent = True
                 self._write(_CONTINUE)
-            waiter = request.reader = self.loop.create_future()
-            try:
-                await waiter
-            finally:
-                request.reader = None
+            await self._more(request)
+
+    async def _until_gone(self, request: _Request) -> None:
+        while not self.gone:
+            await self._more(request)
+
+    async def _more(self, request: _Request) -> None:
+        """Wait until ``request`` has more body, its body ends or the connection is gone."""
+        waiter = request.reader = self.loop.create_future()
+        try:
+            await waiter
+        finally:
+            request.reader = None
 
     async def _send(self, request: _Request, message: Message) -> None:
         if self.gone or request.responded:
@@ -387,22 +395,12 @@ class Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def _write_whole(self, request: _Request, status: int, text: bytes) -> None:
-        keep = b"" if request.keep_alive else b"connection: close\r\n"
-        self._write(
-            status_line(status)
-            + b"content-type: text/plain\r\ncontent-length: %d\r\n%s\r\n" % (len(text), keep)
-            + text
-        )
+        self._write(_plain(status, text, close=not request.keep_alive))
         request.head_sent = request.responded = True
 
     def _bad_request(self, text: str, status: int = 400) -> None:
         if self.current is None and not self.gone:
-            body = text.encode("utf-8", "replace")
-            self._write(
-                status_line(status)
-                + b"content-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
-                + body
-            )
+            self._write(_plain(status, text.encode("utf-8", "replace"), close=True))
         self.waiting.clear()
         mid_body = self.parsing is not None and self.parsing is self.current
         self.parsing = None
@@ -441,6 +439,13 @@ class Connection(asyncio.Protocol):
             self._close()
 
 
+def _plain(status: int, text: bytes, close: bool) -> bytes:
+    """A whole text/plain response (the server's own answers: errors)."""
+    connection = b"connection: close\r\n" if close else b""
+    head = b"content-type: text/plain\r\ncontent-length: %d\r\n%s\r\n" % (len(text), connection)
+    return status_line(status) + head + text
+
+
 def _framed(request: _Request, body: bytes, more: bool) -> bytes:
     if not request.chunked:
         return body
@@ -453,15 +458,6 @@ def _wake(request: _Request) -> None:
     if reader is not None and not reader.done():
         reader.set_result(None)
 
-
-async def _forever(connection: Connection, request: _Request) -> None:
-    """Wait until the connection is gone (ASGI's receive after the request: disconnect)."""
-    while not connection.gone:
-        waiter = request.reader = connection.loop.create_future()
-        try:
-            await waiter
-        finally:
-            request.reader = None
 
 
 class Http1Server:
