@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -25,6 +24,7 @@ import uvicorn
 import uvloop
 
 from flowserve.frontends.http.http1 import Http1Server
+from flowserve.frontends.http.listener import bind
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -196,11 +196,7 @@ def main() -> None:
 
 
 async def serve_native(host: str, port: int) -> None:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.setblocking(False)
-    await Http1Server(app).start(sock)
+    await Http1Server(app).start(bind(host, port))
     await asyncio.Event().wait()
 
 

@@ -75,15 +75,21 @@ async def start_http(
     if server not in HTTP_SERVERS:
         raise ValueError(f"unknown HTTP server {server!r}; choose one of {', '.join(HTTP_SERVERS)}")
     app = HttpApp(plane, mounts, restrictions)
-    if server == "native":
-        native = Http1Server(app, idle_timeout_s=KEEP_ALIVE_S)
-        sock = bind(host, port)
-        try:
-            await native.start(sock)
-        except BaseException:
-            sock.close()
-            raise
-        return HttpListener(native, int(sock.getsockname()[1]))
+    chosen = Http1Server(app, idle_timeout_s=KEEP_ALIVE_S) if server == "native" else _uvicorn(app)
+    sock = bind(host, port)
+    try:
+        if isinstance(chosen, Http1Server):
+            await chosen.start(sock)
+        else:
+            await chosen.startup(sockets=[sock])
+    except BaseException:
+        sock.close()
+        raise
+    return HttpListener(chosen, int(sock.getsockname()[1]))
+
+
+def _uvicorn(app: ASGIApp) -> uvicorn.Server:
+    """uvicorn with httptools, configured for this front end (its serve() is not used)."""
     config = uvicorn.Config(
         app,
         http="httptools",
@@ -100,10 +106,4 @@ async def start_http(
     config.load()
     uv = uvicorn.Server(config)
     uv.lifespan = config.lifespan_class(config)
-    sock = bind(host, port)
-    try:
-        await uv.startup(sockets=[sock])
-    except BaseException:
-        sock.close()
-        raise
-    return HttpListener(uv, int(sock.getsockname()[1]))
+    return uv
