@@ -101,7 +101,8 @@ def write_mlp_onnx(path: Path, dims: tuple[int, ...] = MLP_DIMS, seed: int = 0) 
 
 def build_repositories(work: Path) -> Repositories:
     """Assemble ``work/triton`` and ``work/flowserve`` from benchmarks/models (replacing what a
-    previous run left) and generate the MLP's model.onnx into both."""
+    previous run left), generate the MLP's model.onnx into both, and give the pipeline's
+    ``add_sub_step`` the ``add_sub`` model.py (the same code; only its config differs)."""
     out = Repositories(work / "triton", work / "flowserve", GRAPHS)
     onnx_file = work / "mlp_onnx.onnx"
     if not onnx_file.is_file():
@@ -110,6 +111,9 @@ def build_repositories(work: Path) -> Repositories:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(MODELS / "common", target)
         shutil.copytree(MODELS / side, target, dirs_exist_ok=True)
+        step = target / "add_sub_step" / "1"
+        step.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target / "add_sub" / "1" / "model.py", step / "model.py")
         version = target / "mlp_onnx" / "1"
         version.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(onnx_file, version / "model.onnx")
