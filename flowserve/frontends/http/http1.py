@@ -286,8 +286,8 @@ class Connection(asyncio.Protocol):
         if self.gone:
             return
         if self.parsing is request and not request.complete:
-            if request.expect_continue and not request.continue_sent:
-                self.closing = True  # (see _send): never parse a body that may not come
+            if _body_unasked(request):
+                self.closing = True
             request.discard = True  # answered before its body ended: drop the rest
             request.body.clear()
             request.buffered = 0
@@ -345,11 +345,8 @@ class Connection(asyncio.Protocol):
                 if len(name) == 14 and name.lower() == b"content-length":
                     length = int(value)
             request.length = length
-            if self.closing:  # stopping, or the client asked for an upgrade
-                request.keep_alive = False
-            elif request.expect_continue and not request.continue_sent and not request.complete:
-                # the client may never send a body it was not asked for: the parser would
-                # read its next request as this body, so the connection ends with this answer
+            # stopping, an upgrade asked for, or a body that may never come: close after this
+            if self.closing or _body_unasked(request):
                 request.keep_alive = False
             if not request.keep_alive:
                 lines.append(b"connection: close\r\n")
@@ -437,6 +434,13 @@ class Connection(asyncio.Protocol):
         self.closing = True
         if self.current is None:
             self._close()
+
+
+def _body_unasked(request: _Request) -> bool:
+    """The client waits for 100-continue, was never sent it, and its body has not come: it
+    may never come, and the parser would read the next request as this body, so the
+    connection ends with this request's answer."""
+    return request.expect_continue and not request.continue_sent and not request.complete
 
 
 def _plain(status: int, text: bytes, close: bool) -> bytes:
