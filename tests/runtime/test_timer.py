@@ -2,6 +2,7 @@
 (Behaviour only: how precise it is lives in benchmarks/, not in tests.)"""
 
 import asyncio
+import time
 
 import pytest
 
@@ -64,11 +65,16 @@ async def test_rearming_for_the_same_moment_keeps_one_expiry_and_skips_the_syste
     timer = PreciseTimer(lambda: (fired.append(1), event.set()))
     monkeypatch.setattr(timer_module, "_libc", CountingLibc())
     try:
-        timer.arm(3_000_000)
-        timer.arm(3_000_000)  # the same expiry, microseconds later: kept
-        assert len(calls) == 1
-        timer.arm(2_000_000)  # an earlier one: armed
-        assert len(calls) == 2
+        # the clock held still while arming, so "the same moment" does not depend on how
+        # fast this busy machine gets from one call to the next
+        with monkeypatch.context() as frozen:
+            now = time.monotonic_ns()
+            frozen.setattr(time, "monotonic_ns", lambda: now)
+            timer.arm(3_000_000)
+            timer.arm(3_000_000)  # the same expiry: kept
+            assert len(calls) == 1
+            timer.arm(2_000_000)  # an earlier one: armed
+            assert len(calls) == 2
         await asyncio.wait_for(event.wait(), 5)
         timer.disarm()  # already fired: nothing to disarm
         assert len(calls) == 2 and fired == [1]
