@@ -123,6 +123,8 @@ def run_all(args: argparse.Namespace, binary: Path, servers: dict[str, Server]) 
 def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r["infer_per_s"] for r in records]
     cpu = [r["server_cpu_us_per_infer"] for r in records if r["server_cpu_us_per_infer"] is not None]
+    # records from before perf_analyzer's own CPU was noted have no client_cores
+    client = [r["client_cores"] for r in records if r.get("client_cores") is not None]
     return {
         "runs": len(records),
         "infer_per_s": round(statistics.median(rates), 1),
@@ -131,6 +133,8 @@ def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "p50_ms": round(statistics.median(r["p50_us"] for r in records) / 1000, 3),
         "p99_ms": round(statistics.median(r["p99_us"] for r in records) / 1000, 3),
         "server_cpu_us_per_infer": round(statistics.median(cpu), 1) if cpu else None,
+        "server_cores": round(statistics.median(r["server_cores"] for r in records), 2),
+        "client_cores": round(statistics.median(client), 2) if client else None,
     }
 
 
@@ -199,7 +203,21 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{cells[0]} | {cells[1]} | {row['ratio']:5.2f}x {spread:>11s}"
         )
     lines.append("latencies in ms (medians); cpu/inf: server CPU time per inference (all its processes)")
+    sides = ("reference_stats", "flowserve_stats")
+    if all(row[side].get("client_cores") is not None for row in rows for side in sides):
+        lines += ["", "cores in use (medians): server + perf_analyzer = both"]
+        for row in rows:
+            cells = [_cores(row[side]) for side in sides]
+            lines.append(
+                f"{row['workload']:15s} {row['reference']:6s} {row['protocol']:5s} {row['concurrency']:4d} | "
+                f"{cells[0]:>27s} | {cells[1]:>27s}"
+            )
     return "\n".join(lines)
+
+
+def _cores(stats: dict[str, Any]) -> str:
+    server, client = stats["server_cores"], stats["client_cores"]
+    return f"{server:4.2f} + {client:4.2f} = {server + client:4.2f}"
 
 
 def machine() -> dict[str, Any]:

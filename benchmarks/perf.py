@@ -1,5 +1,5 @@
 """One perf_analyzer measurement: run the binary at one concurrency, read its CSV, and note how
-much CPU the server spent meanwhile.
+much CPU the server and perf_analyzer itself spent meanwhile (both share the machine's cores).
 
 Settings (:class:`Settings`) that settle on two shared cores: time windows of ``window_ms``
 (1 s), stability ``stability`` percent (30) over 3 windows with at most ``max_trials`` (4)
@@ -11,6 +11,7 @@ runs is measured by repeating runs, not by perf_analyzer.
 from __future__ import annotations
 
 import csv
+import resource
 import subprocess
 import tempfile
 import time
@@ -75,11 +76,12 @@ def measure(
             cmd = _command(
                 binary, model, server.url(protocol), protocol, concurrency, out, settings, stability
             )
-            cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+            cpu0, client0, t0 = cpu_seconds(server.pid), _children_cpu(), time.perf_counter()
             done = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=settings.timeout_s, check=False
             )
             wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+            client = _children_cpu() - client0
             if done.returncode == 0 and out.is_file():
                 break
             unsettled = "stable" in (done.stdout + done.stderr).lower()
@@ -88,11 +90,18 @@ def measure(
                 raise RuntimeError(f"perf_analyzer failed ({' '.join(cmd)}): " + " | ".join(tail))
             settled = False
         result: dict[str, Any] = _parse(out)
-    cores = cpu / wall if wall > 0 else 0.0
+    rate = result["infer_per_s"]
     result["settled"] = settled
-    result["server_cores"] = round(cores, 3)
-    # server CPU per inference, from its average load over the run and the measured rate
-    result["server_cpu_us_per_infer"] = (
-        round(1e6 * cores / result["infer_per_s"], 1) if result["infer_per_s"] else None
-    )
+    # CPU per inference, from the average load over the run and the measured rate: the
+    # server's (all its processes) and perf_analyzer's own, which shares the machine with it
+    for who, seconds in (("server", cpu), ("client", client)):
+        cores = seconds / wall if wall > 0 else 0.0
+        result[f"{who}_cores"] = round(cores, 3)
+        result[f"{who}_cpu_us_per_infer"] = round(1e6 * cores / rate, 1) if rate else None
     return result
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's waited-for children (perf_analyzer runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
