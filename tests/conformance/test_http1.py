@@ -307,6 +307,10 @@ async def test_a_malformed_body_ends_the_request_reading_it(served: tuple[Http1S
     _, app, port = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nZZ\r\n")
-    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: no answer can be framed
+    # the app is reading this body and has not answered: the server answers 400 and closes
+    status, headers, body = await read_response(reader)
+    assert (status, headers[b"connection"]) == (400, b"close")
+    assert body.startswith(b"malformed HTTP request:") and b"chunk" in body.lower()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
     await asyncio.wait_for(app.disconnected.wait(), 5)  # the app's receive() saw the disconnect
     writer.close()

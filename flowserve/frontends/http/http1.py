@@ -396,13 +396,22 @@ class Connection(asyncio.Protocol):
         request.head_sent = request.responded = True
 
     def _bad_request(self, text: str, status: int = 400) -> None:
-        if self.current is None and not self.gone:
+        current = self.current
+        mid_body = self.parsing is not None and self.parsing is current
+        # answered now when nothing is being answered, or when the request being answered is
+        # the one whose body broke and its app has not begun a response: that response is
+        # dropped (its receive() sees the disconnect). Behind a request still being answered,
+        # the connection closes after that answer.
+        if not self.gone and (
+            current is None or (mid_body and current.head is None and not current.head_sent)
+        ):
             self._write(_plain(status, text.encode("utf-8", "replace"), close=True))
+            if current is not None:
+                current.head_sent = current.responded = True
         self.waiting.clear()
-        mid_body = self.parsing is not None and self.parsing is self.current
         self.parsing = None
         self.closing = True
-        if self.current is None or mid_body:  # a body that cannot be read on cannot be answered
+        if current is None or mid_body:  # a body that cannot be read on cannot be answered
             self._close()
 
     def _close(self) -> None:
@@ -461,7 +470,6 @@ def _wake(request: _Request) -> None:
     reader = request.reader
     if reader is not None and not reader.done():
         reader.set_result(None)
-
 
 
 class Http1Server:
