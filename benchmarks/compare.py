@@ -26,9 +26,9 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from perf import Settings, measure
 from perf_analyzer_setup import ensure_perf_analyzer
@@ -279,32 +279,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarize(args, records)
     print()
     print(render(rows))
-    result = {
-        "benchmark": "flowserve vs Triton 2.51 (nvidia-pytriton), perf_analyzer 2.40, same machine and run",
-        "machine": machine(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "duration_s": round(time.time() - started),
-        "settings": {
-            "repeats": args.repeats,
-            "concurrency": args.concurrency,
-            "protocols": args.protocols,
-            "window_ms": args.window_ms,
-            "stability_percent": args.stability,
-            "max_trials": args.max_trials,
-        },
-        "workloads": {n: WORKLOADS[n].description for n in args.workloads},
-        "summary": rows,
-        "runs": records,
+    benchmark = "flowserve vs Triton 2.51 (nvidia-pytriton), perf_analyzer 2.40, same machine and run"
+    settings = {
+        "repeats": args.repeats,
+        "concurrency": args.concurrency,
+        "protocols": args.protocols,
+        "window_ms": args.window_ms,
+        "stability_percent": args.stability,
+        "max_trials": args.max_trials,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.output} ({result['duration_s']} s)")
+    workloads_run = {n: WORKLOADS[n].description for n in args.workloads}
+    write_result(
+        args.output,
+        benchmark,
+        started,
+        settings=settings,
+        workloads=workloads_run,
+        summary=rows,
+        runs=records,
+    )
     return 0
 
 
-if __name__ == "__main__":
+def write_result(path: Path, benchmark: str, started: float, **parts: Any) -> None:
+    """A run's JSON: what it measured, on what machine, when, how long it took, then ``parts``."""
+    result = {
+        "benchmark": benchmark,
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started),
+        **parts,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {path} ({result['duration_s']} s)")
+
+
+def run_script(main: Callable[[], int]) -> NoReturn:
+    """Exit with ``main()``'s status; Ctrl-C or SIGTERM (see sigterm_as_interrupt) exits 130."""
     try:
         sys.exit(main())
     except KeyboardInterrupt:
         print("\ninterrupted: every server was stopped", file=sys.stderr)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_script(main)

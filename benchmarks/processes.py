@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compare import WORK, machine, start_servers
+from compare import WORK, run_script, start_servers, write_result
 from perf import Settings, measure
 from perf_analyzer_setup import ensure_perf_analyzer
 from servers import HERE, Server, ServerGroup, free_port, sigterm_as_interrupt
@@ -156,23 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarize(records)
     print()
     print(render(rows))
-    result = {
-        "benchmark": "1 vs N flowserve processes on one HTTP port, with Triton 2.51, perf_analyzer 2.40",
-        "machine": machine(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "duration_s": round(time.time() - started),
-        "summary": rows,
-        "runs": records,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.output} ({result['duration_s']} s)")
+    benchmark = "1 vs N flowserve processes on one HTTP port, with Triton 2.51, perf_analyzer 2.40"
+    write_result(args.output, benchmark, started, summary=rows, runs=records)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted: every server was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_script(main)
