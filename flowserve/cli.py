@@ -18,6 +18,7 @@ from flowserve.nodes.factory import compile_all
 
 if TYPE_CHECKING:
     from flowserve.dataplane.remote import RemoteOptions
+    from flowserve.frontends.grpc.tls import GrpcTls
     from flowserve.nodes.ratelimit import ResourceLimit
 
 DEFAULT_REPOSITORY = "model_repository"
@@ -162,6 +163,31 @@ def _header_forward(args: argparse.Namespace) -> dict[str, re.Pattern[str]]:
     return out
 
 
+def _grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
+    """Triton's gRPC TLS options, checked (ValueError); None when TLS is off."""
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        given = [f for f in ("server_cert", "server_key", "root_cert") if getattr(args, f"grpc_{f}")]
+        if given:
+            names = ", ".join("--grpc-" + f.replace("_", "-") for f in given)
+            raise ValueError(f"{names} given without --grpc-use-ssl (or --grpc-use-ssl-mutual)")
+        return None
+    from flowserve.frontends.grpc.tls import GrpcTls
+
+    return GrpcTls.load(
+        args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, mutual=args.grpc_use_ssl_mutual
+    )
+
+
+def _flag(text: str) -> bool:
+    """A Triton-style boolean option value (``--grpc-use-ssl=true``)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from flowserve.dataplane.access import GRPC_HEADER_PREFIX, Restrictions
     from flowserve.dataplane.plane import Limits
@@ -178,6 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         remote, rate_limits = _remote_and_rate_limits(args)
         header_forward = _header_forward(args)
+        grpc_tls = _grpc_tls(args)
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
@@ -212,6 +239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_restrictions=http_restrictions,
         grpc_restrictions=grpc_restrictions,
         grpc_server=args.grpc_server,
+        grpc_tls=grpc_tls,
         http_server=args.http_server,
         model_load_threads=args.model_load_thread_count,
     )
@@ -239,6 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=8000, help="negative: no HTTP listener")
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
+    tls = serve.add_argument_group("gRPC TLS (Triton's options; HTTP has none, as in Triton)")
+    tls.add_argument(
+        "--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
+        help="serve gRPC over TLS with --grpc-server-cert and --grpc-server-key",
+    )  # fmt: skip
+    tls.add_argument(
+        "--grpc-use-ssl-mutual", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
+        help="TLS, and clients must present a certificate that --grpc-root-cert verifies",
+    )  # fmt: skip
+    tls.add_argument("--grpc-server-cert", metavar="PEM", help="the server's certificate (chain)")
+    tls.add_argument("--grpc-server-key", metavar="PEM", help="the server's private key")
+    tls.add_argument("--grpc-root-cert", metavar="PEM", help="CA certificates that verify clients")
     serve.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],

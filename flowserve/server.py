@@ -19,7 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.admission import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_PER_MODEL, Admission
@@ -29,6 +29,9 @@ from flowserve.dataplane.remote import RemoteOptions
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.instances import configure_inline
 from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit
+
+if TYPE_CHECKING:
+    from flowserve.frontends.grpc.tls import GrpcTls
 
 log = logging.getLogger("flowserve")
 
@@ -66,6 +69,7 @@ class ServerOptions:
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_server: str = "native"  # flowserve.frontends.GRPC_SERVERS
+    grpc_tls: GrpcTls | None = None  # --grpc-use-ssl (frontends/grpc/tls.py)
     http_server: str = "native"  # flowserve.frontends.HTTP_SERVERS
     model_load_threads: int = 4
     # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
@@ -121,7 +125,12 @@ class Server:
 
                 self.listeners.append(
                     await start_grpc(
-                        plane, opts.host, opts.grpc_port, opts.grpc_restrictions, opts.grpc_server
+                        plane,
+                        opts.host,
+                        opts.grpc_port,
+                        opts.grpc_restrictions,
+                        opts.grpc_server,
+                        opts.grpc_tls,
                     )
                 )
             if opts.metrics_port >= 0:

@@ -10,7 +10,8 @@ Two transports serve the same servicer (``InferenceServicer``) and the same mess
 (tritonclient's generated ones, so the wire format is exactly Triton's), both in the running
 event loop: ``native`` (the default), flowserve's own HTTP/2 server for gRPC (``http2.py``,
 about a tenth of grpcio's CPU per call, see there), and ``grpcio``, grpc's asyncio server
-(``--grpc-server grpcio``). Both also serve ``grpc.health.v1.Health`` (``health.py``).
+(``--grpc-server grpcio``). Both also serve ``grpc.health.v1.Health`` (``health.py``), and
+both serve over TLS when given a :class:`GrpcTls` (``tls.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.http2 import Http2GrpcServer, service_methods
 from flowserve.frontends.grpc.service import InferenceServicer
+from flowserve.frontends.grpc.tls import GrpcTls
 
-__all__ = ["GRPC_SERVERS", "STATUS", "GrpcListener", "InferenceServicer", "start_grpc", "status_of"]
+__all__ = [
+    "GRPC_SERVERS", "STATUS", "GrpcListener", "GrpcTls", "InferenceServicer", "start_grpc", "status_of",
+]  # fmt: skip
 
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -67,12 +71,14 @@ async def start_grpc(
     port: int,
     restrictions: Restrictions | None = None,
     server: str = "native",
+    tls: GrpcTls | None = None,
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
     ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
-    ``server``: ``native`` or ``grpcio`` (see the module docstring)."""
+    ``server``: ``native`` or ``grpcio`` (see the module docstring); ``tls``: serve over TLS
+    (``--grpc-use-ssl``, see ``tls.py``)."""
     if server == "native":
-        return await _start_native(plane, host, port, restrictions)
+        return await _start_native(plane, host, port, restrictions, tls)
     if server != "grpcio":
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
@@ -81,7 +87,9 @@ async def start_grpc(
     aio.add_generic_rpc_handlers((health.grpcio_handler(health.HealthServicer(plane)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = aio.add_insecure_port(address)
+        bound = (
+            aio.add_insecure_port(address) if tls is None else aio.add_secure_port(address, tls.credentials())
+        )
     except RuntimeError as exc:
         await aio.stop(None)
         raise OSError(f"gRPC front end cannot listen on {address}: {exc}") from None
@@ -93,7 +101,7 @@ async def start_grpc(
 
 
 async def _start_native(
-    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None
+    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None, tls: GrpcTls | None
 ) -> GrpcListener:
     gate = None
     if restrictions:
@@ -106,7 +114,7 @@ async def _start_native(
     methods.update(health.native_methods(health.HealthServicer(plane)))
     native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate)
     try:
-        bound = await native.start(host, port)
+        bound = await native.start(host, port, tls.ssl_context() if tls is not None else None)
     except OSError as exc:
         raise OSError(f"gRPC front end cannot listen on {host}:{port}: {exc}") from None
     return GrpcListener(native, bound)

@@ -20,9 +20,10 @@ peer's windows), CONTINUATION, padding, priority fields (ignored), unary and bid
 streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message size limits
 (RESOURCE_EXHAUSTED; compressed messages inflate only up to the limit), unknown methods
 (UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
-per connection (request bytes waiting undelivered, streams, header blocks). Not covered: TLS,
-server push (gRPC does not use it), sending compressed responses (allowed by the protocol:
-responses go uncompressed). A call's ``grpc-timeout`` (the client's deadline) bounds it here
+per connection (request bytes waiting undelivered, streams, header blocks), TLS when the
+server is given an ``ssl.SSLContext`` (ALPN ``h2``; see ``tls.py``). Not covered: server push
+(gRPC does not use it), sending compressed responses (allowed by the protocol: responses go
+uncompressed). A call's ``grpc-timeout`` (the client's deadline) bounds it here
 too: past it the call is cancelled and ends with DEADLINE_EXCEEDED, whether or not the client
 resets the stream itself.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -844,9 +846,12 @@ class Http2GrpcServer:
         (room for two of the largest messages)."""
         return max(2 * self.max_message, CONNECTION_WINDOW)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port), over TLS when ``tls`` is given."""
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: Connection(self), host, port, reuse_address=True)
+        self.server = await loop.create_server(
+            lambda: Connection(self), host, port, reuse_address=True, ssl=tls
+        )
         self.port = int(self.server.sockets[0].getsockname()[1])
         return self.port
 
