@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from flowserve.dataplane.remote import RemoteOptions
     from flowserve.frontends.grpc.tls import GrpcTls
     from flowserve.nodes.ratelimit import ResourceLimit
+    from flowserve.observability.traceconfig import TraceConfig
 
 DEFAULT_REPOSITORY = "model_repository"
 DEFAULT_GRAPHS = "graphs"
@@ -178,6 +179,15 @@ def _grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
     )
 
 
+def _trace_config(args: argparse.Namespace) -> TraceConfig | None:
+    """Triton's ``--trace-config`` items, checked (ValueError); None when none are given."""
+    if not args.trace_config:
+        return None
+    from flowserve.observability.traceconfig import parse_trace_config
+
+    return parse_trace_config(args.trace_config)
+
+
 def _flag(text: str) -> bool:
     """A Triton-style boolean option value (``--grpc-use-ssl=true``)."""
     value = text.strip().lower()
@@ -205,6 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         remote, rate_limits = _remote_and_rate_limits(args)
         header_forward = _header_forward(args)
         grpc_tls = _grpc_tls(args)
+        trace_config = _trace_config(args)
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
@@ -240,6 +251,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grpc_restrictions=grpc_restrictions,
         grpc_server=args.grpc_server,
         grpc_tls=grpc_tls,
+        trace_config=trace_config,
         http_server=args.http_server,
         model_load_threads=args.model_load_thread_count,
     )
@@ -267,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=8000, help="negative: no HTTP listener")
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings (repeatable): level=, rate=, count=, mode=triton|opentelemetry, "
+        "triton,file=, triton,log-frequency=, opentelemetry,url=, opentelemetry,resource=K=V, "
+        "opentelemetry,bsp_max_queue_size= / bsp_schedule_delay= / bsp_max_export_batch_size=",
+    )
     tls = serve.add_argument_group("gRPC TLS (Triton's options; HTTP has none, as in Triton)")
     tls.add_argument(
         "--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",

@@ -32,6 +32,8 @@ from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit
 
 if TYPE_CHECKING:
     from flowserve.frontends.grpc.tls import GrpcTls
+    from flowserve.observability.otel import OtlpExporter
+    from flowserve.observability.traceconfig import TraceConfig
 
 log = logging.getLogger("flowserve")
 
@@ -78,6 +80,8 @@ class ServerOptions:
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # "http"/"grpc" -> headers forwarded as request parameters (dataplane/headers.py)
     header_forward: dict[str, re.Pattern[str]] = field(default_factory=dict)
+    # --trace-config: start-up trace settings, and the OTLP export in opentelemetry mode
+    trace_config: TraceConfig | None = None
 
 
 class Server:
@@ -85,6 +89,7 @@ class Server:
         self.options = options
         self.plane: DataPlane | None = None
         self.listeners: list[Listener] = []
+        self.exporter: OtlpExporter | None = None
 
     async def start(self) -> DataPlane:
         opts = self.options
@@ -103,10 +108,8 @@ class Server:
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
         plane = DataPlane(engine, shm, opts.limits, admission=admission)
-        from flowserve.observability.traces import TraceFileWriter
-
-        plane.on_trace = TraceFileWriter(plane)  # trace_file / log_frequency of the trace settings
         plane.header_forward = dict(opts.header_forward)
+        self._tracing(plane)
         self.plane = plane
         try:
             # a negative port turns that listener off
@@ -142,6 +145,27 @@ class Server:
             raise
         return plane
 
+    def _tracing(self, plane: DataPlane) -> None:
+        """Trace outputs: Triton's trace files always; with --trace-config mode=opentelemetry,
+        OTLP export too, and the W3C ``traceparent`` header read from every request."""
+        from flowserve.dataplane.headers import also_forward
+        from flowserve.observability.traces import TraceFileWriter, fan_out
+
+        config = self.options.trace_config
+        files = TraceFileWriter(plane)  # trace_file / log_frequency of the trace settings
+        plane.on_trace = files
+        if config is None:
+            return
+        if config.otel is not None:
+            from flowserve.observability.otel import OtlpExporter
+
+            self.exporter = OtlpExporter(plane, config.otel)
+            plane.trace_modes.add("opentelemetry")
+            plane.on_trace = fan_out(files, self.exporter)
+            for kind in ("http", "grpc"):
+                plane.header_forward[kind] = also_forward(plane.header_forward.get(kind), "traceparent")
+        plane.update_trace_settings(config.settings)
+
     async def stop(self) -> None:
         """Stop accepting on every listener at once, give in-flight requests ``shutdown_grace_s``
         to finish, then unload (for at most UNLOAD_WAIT_S)."""
@@ -158,6 +182,9 @@ class Server:
             except TimeoutError:
                 log.error("unloading took longer than %.0f s at shutdown; exiting anyway", UNLOAD_WAIT_S)
             plane.shm.close()
+        if self.exporter is not None:
+            exporter, self.exporter = self.exporter, None
+            await asyncio.to_thread(exporter.close)  # sends what is queued, for a few seconds
 
 
 async def serve(options: ServerOptions) -> int:

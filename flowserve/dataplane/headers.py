@@ -23,6 +23,12 @@ def forward_headers(
         parameters[name] = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else raw_value
 
 
+def also_forward(pattern: re.Pattern[str] | None, name: str) -> re.Pattern[str]:
+    """``pattern`` (None: nothing) widened to forward the header ``name`` too."""
+    exact = f"^{re.escape(name)}$"
+    return re.compile(f"(?:{pattern.pattern})|{exact}" if pattern else exact, re.IGNORECASE)
+
+
 def compile_pattern(text: str, option: str) -> re.Pattern[str]:
     try:
         return re.compile(text, re.IGNORECASE)
@@ -30,4 +36,4 @@ def compile_pattern(text: str, option: str) -> re.Pattern[str]:
         raise ValueError(f"{option}: invalid regular expression {text!r}: {exc}") from None
 
 
-__all__ = ["compile_pattern", "forward_headers"]
+__all__ = ["also_forward", "compile_pattern", "forward_headers"]

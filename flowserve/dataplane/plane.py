@@ -33,6 +33,7 @@ class Trace:
     spans: list[Span]
     ok: bool = True
     error: str = ""
+    traceparent: str = ""  # the caller's W3C trace context (opentelemetry mode), when it sent one
 
 
 @dataclass
@@ -84,6 +85,9 @@ class DataPlane:
         self.model_trace_settings: dict[str, TraceSettings] = {}
         # called with every finished trace (the observability layer writes trace files)
         self.on_trace: Callable[[Trace], None] | None = None
+        # trace modes with an output behind them: "triton" (trace files); the server adds
+        # "opentelemetry" when it exports (--trace-config mode=opentelemetry)
+        self.trace_modes: set[str] = {"triton"}
         self.traces: deque[Trace] = deque(maxlen=keep_traces)
         self._traced = 0
         self.log_settings: dict[str, Any] = {
@@ -129,12 +133,11 @@ class DataPlane:
         admission = self.admission
         admission.enter(model)  # Unavailable at once when the server or the model is full
         try:
-            spans = self._maybe_trace(model)
-            if spans is None:
+            trace = self._maybe_trace(request)
+            if trace is None:
                 return await self.engine.infer_request(request)
-            trace = Trace(request.id, model, spans)
             try:
-                return await self.engine.infer_request(request, trace=spans)
+                return await self.engine.infer_request(request, trace=trace.spans)
             except Exception as exc:
                 trace.ok, trace.error = False, str(exc)
                 raise
@@ -147,10 +150,11 @@ class DataPlane:
         """Every response to one request (several for a decoupled model or graph)."""
         model = request.model
         self.admission.enter(model)
-        spans = self._maybe_trace(model)
-        trace = Trace(request.id, model, spans) if spans is not None else None
+        trace = self._maybe_trace(request)
         try:
-            async for response in self.engine.stream_request(request, trace=spans):
+            async for response in self.engine.stream_request(
+                request, trace=trace.spans if trace is not None else None
+            ):
                 yield response
         except Exception as exc:
             if trace is not None:
@@ -173,18 +177,26 @@ class DataPlane:
         """The trace settings that apply to ``model`` (its own, else the global ones)."""
         return self.model_trace_settings.get(model, self.trace_settings)
 
-    def _maybe_trace(self, model: str) -> list[Span] | None:
+    def _maybe_trace(self, request: InferRequest) -> Trace | None:
+        """A trace for this request when the settings sample it: every ``trace_rate``-th
+        request (0: none) while ``trace_count`` lasts; in opentelemetry mode also every
+        request that carries its caller's trace context (``traceparent``), as Triton does."""
+        model = request.model
         settings = self.model_trace_settings.get(model, self.trace_settings)
         if "OFF" in settings.trace_level or not settings.trace_level:
             return None
-        if settings.trace_count == 0:
+        if settings.trace_mode == "opentelemetry":
+            context = request.parameters.get("traceparent")
+            if isinstance(context, str) and len(context) == 55:  # version-traceid-spanid-flags
+                return Trace(request.id, model, [], traceparent=context)
+        rate = settings.trace_rate
+        if settings.trace_count == 0 or rate <= 0:
             return None
-        rate = max(settings.trace_rate, 1)
         if rate > 1 and random.randrange(rate) != 0:
             return None
         if settings.trace_count > 0:
             settings.trace_count -= 1
-        return []
+        return Trace(request.id, model, [])
 
     # ------------------------------------------------------------ repository
 
@@ -276,6 +288,12 @@ class DataPlane:
                     raise InvalidArgument(
                         f"trace setting '{key}' must be an integer, got {value!r}"
                     ) from None
+            elif key == "trace_mode" and value not in self.trace_modes:
+                raise InvalidArgument(
+                    f"trace_mode '{value}' is not available: this server traces in "
+                    f"{' or '.join(sorted(self.trace_modes))} mode (opentelemetry needs "
+                    "--trace-config mode=opentelemetry at start)"
+                )
             elif isinstance(value, str):
                 setattr(target, key, value)
             else:

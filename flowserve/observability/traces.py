@@ -8,12 +8,15 @@ with start and end (monotonic ns), skipped, error and batch size.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from flowserve.core.node import Span
 from flowserve.dataplane.plane import DataPlane, Trace
+
+log = logging.getLogger("flowserve")
 
 
 def trace_id(trace: Trace) -> str:
@@ -129,7 +132,7 @@ class TraceFileWriter:
     def __call__(self, trace: Trace) -> None:
         settings = self.plane.trace_file_settings(trace.model)
         path = settings.trace_file
-        if not path:
+        if not path or settings.trace_mode != "triton":
             return
         self._number += 1
         pending = self._pending.setdefault(path, [])
@@ -145,4 +148,25 @@ class TraceFileWriter:
         Path(path).write_text(json.dumps(pending))
 
 
-__all__ = ["TraceFileWriter", "find_trace", "trace_dict", "trace_id", "trace_summary", "triton_trace"]
+def fan_out(*sinks: Callable[[Trace], None]) -> Callable[[Trace], None]:
+    """One ``plane.on_trace`` that hands each finished trace to every sink in turn."""
+
+    def each(trace: Trace) -> None:
+        for sink in sinks:
+            try:
+                sink(trace)
+            except Exception:  # one output failing must not starve the others
+                log.exception("trace output %r failed", sink)
+
+    return each
+
+
+__all__ = [
+    "TraceFileWriter",
+    "fan_out",
+    "find_trace",
+    "trace_dict",
+    "trace_id",
+    "trace_summary",
+    "triton_trace",
+]
