@@ -9,7 +9,12 @@ slot is taken, new sequences wait for one. A sequence idle longer than
 ``max_sequence_idle_microseconds`` is released, and its next request gets a clear error.
 
 Requests of different sequences that are waiting for the same instance run as one batch
-(one row each), as Triton does.
+(one row each), as Triton does. With the ``direct`` strategy each sequence also owns a batch
+slot of its instance from START to END, and its requests always run in that row: a model may
+keep state per slot, as Triton's direct strategy promises. Slots with no request ready below
+the highest one that has one get a null request (READY false, START/END false, CORRID 0 or
+"", inputs zero-filled in the shape of the batch's real requests, the initial state), whose
+outputs are dropped, as Triton fills them.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Sequence:
     state: TensorMap = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     busy: int = 0
+    slot: int = 0  # its row in every batch of its instance (direct strategy)
 
 
 @dataclass(eq=False)
@@ -78,6 +84,8 @@ class SequenceBatcher(Node):
         self._wake: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._slot_freed = asyncio.Condition()
+        self._direct = spec.strategy == "direct"
+        self._slots: list[list[int | str | None]] = []  # per instance: the sequence in each row
 
     @property
     def capacity(self) -> int:
@@ -91,6 +99,7 @@ class SequenceBatcher(Node):
         await self.inner.start()
         count = len(self.inner.pool.instances)
         self._queues = [[] for _ in range(count)]
+        self._slots = [[None] * self.rows for _ in range(count)]
         self._wake = [asyncio.Event() for _ in range(count)]
         self._tasks = [
             asyncio.create_task(self._dispatch(i), name=f"{self.name}-sequence-{i}") for i in range(count)
@@ -150,12 +159,18 @@ class SequenceBatcher(Node):
                     load[other.instance] += 1
                 instance = min(range(len(load)), key=load.__getitem__)
                 seq = self._active[corr] = Sequence(corr, instance, self.clock.now_ns())
+                if self._direct:  # the instance with the fewest sequences has a free row
+                    rows = self._slots[instance]
+                    seq.slot = rows.index(None)
+                    rows[seq.slot] = corr
             self._expired.pop(corr, None)
             return seq
 
     async def _release(self, corr: int | str) -> None:
         async with self._slot_freed:
-            self._active.pop(corr, None)
+            seq = self._active.pop(corr, None)
+            if seq is not None and self._direct and self._slots[seq.instance][seq.slot] == corr:
+                self._slots[seq.instance][seq.slot] = None
             self._slot_freed.notify_all()
 
     async def _reap(self) -> None:
@@ -194,9 +209,12 @@ class SequenceBatcher(Node):
         batch = ready
         if not batch:
             return
+        slotted: list[Pending | None] = list(batch)
+        if self._direct and self.max_batch_size > 0:
+            slotted, rows = self._by_slot(batch, rows)
         start = self.clock.now_ns()
         try:
-            results = await self._execute(instance, rows)
+            results = await self._execute(instance, rows, [p is not None for p in slotted])
         except Exception as exc:
             for p in batch:
                 if not p.future.done():
@@ -207,21 +225,56 @@ class SequenceBatcher(Node):
             stats.queue.add(start - p.queued_ns)
         stats.record_execution(len(batch), 0, self.clock.now_ns() - start, 0, requests=len(batch))
         state_outputs = {s.output_name for s in self.spec.states}
-        for p, out in zip(batch, results, strict=True):
+        for maybe, out in zip(slotted, results, strict=True):
+            if maybe is None:
+                continue  # a null request's outputs go nowhere
             for st in self.spec.states:
                 if st.output_name in out:
-                    p.seq.state[st.input_name] = out[st.output_name]
-            if not p.future.done():
-                p.future.set_result({k: v for k, v in out.items() if k not in state_outputs})
+                    maybe.seq.state[st.input_name] = out[st.output_name]
+            if not maybe.future.done():
+                maybe.future.set_result({k: v for k, v in out.items() if k not in state_outputs})
 
-    async def _execute(self, instance: int, rows: list[TensorMap]) -> list[TensorMap]:
-        # rows of equal shapes run as one batch; others one by one
+    def _by_slot(
+        self, batch: list[Pending], rows: list[TensorMap]
+    ) -> tuple[list[Pending | None], list[TensorMap]]:
+        """The batch in slot order (direct strategy): row i is slot i's request, or a null
+        request up to the highest slot that has one."""
+        by_slot = {p.seq.slot: (p, r) for p, r in zip(batch, rows, strict=True)}
+        null = self._null_request(rows[0])
+        slotted: list[Pending | None] = []
+        ordered: list[TensorMap] = []
+        for slot in range(max(by_slot) + 1):
+            found = by_slot.get(slot)
+            slotted.append(found[0] if found else None)
+            ordered.append(found[1] if found else null)
+        return slotted, ordered
+
+    def _null_request(self, like: TensorMap) -> TensorMap:
+        """Triton's null request: READY (and START, END) false, CORRID 0, zero inputs shaped as
+        ``like``'s, the initial state."""
+        inputs = {name: np.zeros_like(value) for name, value in like.items()}
+        for value in inputs.values():
+            if value.dtype.kind == "O":
+                value[...] = b""
+        for c in self.spec.controls:
+            array = inputs[c.name]
+            if c.kind == "CORRID":
+                array[...] = b"" if array.dtype.kind == "O" else 0
+            else:
+                array[...] = c.values[0]
+        for st in self.spec.states:
+            inputs[st.input_name] = self._initial_state(st.datatype, st.dims, st.initial)
+        return inputs
+
+    async def _execute(self, instance: int, rows: list[TensorMap], real: list[bool]) -> list[TensorMap]:
+        # rows of equal shapes run as one batch; others one by one (and null requests, which
+        # only hold slots in a shared batch, are then left out)
         shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(r.items())) for r in rows}
         if len(shapes) == 1 and self.max_batch_size > 0:
             return await self.inner.pool.run_on(instance, self.inner.execute_batch, rows)  # type: ignore[return-value]
         return [
-            (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0]  # type: ignore[index]
-            for r in rows
+            (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0] if is_real else {}  # type: ignore[index]
+            for r, is_real in zip(rows, real, strict=True)
         ]
 
     def _model_inputs(self, p: Pending) -> TensorMap:

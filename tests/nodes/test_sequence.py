@@ -108,3 +108,41 @@ async def test_a_sequence_stays_on_one_instance(engine: flowserve.Engine) -> Non
     for _ in range(3):
         await step(engine, 1, 1)
         assert batcher._active[1].instance == instance
+
+
+@pytest.fixture
+async def slots_engine(tmp_path: Path) -> AsyncIterator[flowserve.Engine]:
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "models" / "sequence_slots", repo / "sequence_slots")
+    eng = await flowserve.Engine.start(repo)
+    try:
+        yield eng
+    finally:
+        await eng.stop()
+
+
+async def test_direct_strategy_keeps_each_sequence_in_its_batch_slot(slots_engine: flowserve.Engine) -> None:
+    """The model keeps its sums per slot: right only if a sequence's requests always run in the
+    same row, with null requests (READY 0) holding the empty rows below it, as Triton does."""
+
+    async def send(corr: int, x: int, start: bool = False, end: bool = False) -> tuple[int, int, list[int]]:
+        out = await slots_engine.infer(
+            "sequence_slots",
+            {"INPUT": np.array([[x]], np.int32)},
+            parameters={"sequence_id": corr, "sequence_start": start, "sequence_end": end},
+        )
+        return int(out["OUTPUT"][0, 0]), int(out["SLOT"][0, 0]), [int(v) for v in out["READIES"][0]]
+
+    assert await send(10, 1, start=True) == (1, 0, [1, -1, -1, -1])
+    assert await send(20, 5, start=True) == (5, 1, [0, 1, -1, -1])  # slot 0 is held by a null request
+    assert await send(30, 7, start=True) == (7, 2, [0, 0, 1, -1])
+    assert await send(20, 5, end=True) == (10, 1, [0, 1, -1, -1])  # 20 ends: slot 1 is free again
+    assert await send(30, 1) == (8, 2, [0, 0, 1, -1])
+    assert await send(40, 100, start=True) == (100, 1, [0, 1, -1, -1])  # the lowest free slot
+    assert await send(10, 2) == (3, 0, [1, -1, -1, -1])
+    # concurrent requests of three sequences run as one batch, each in its own row
+    results = await asyncio.gather(send(30, 1), send(10, 1), send(40, 1))
+    assert [r[:2] for r in results] == [(9, 2), (4, 0), (101, 1)]
+    assert all(r[2] == [1, 1, 1, -1] for r in results)
+    stats = slots_engine.registry.get("sequence_slots").stats
+    assert stats.inference_count == 10  # null requests are not counted as inferences
