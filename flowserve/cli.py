@@ -251,6 +251,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grpc_restrictions=grpc_restrictions,
         grpc_server=args.grpc_server,
         grpc_tls=grpc_tls,
+        grpc_response_compression=args.grpc_infer_response_compression_level,
         trace_config=trace_config,
         http_server=args.http_server,
         model_load_threads=args.model_load_thread_count,
@@ -299,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--grpc-server-cert", metavar="PEM", help="the server's certificate (chain)")
     tls.add_argument("--grpc-server-key", metavar="PEM", help="the server's private key")
     tls.add_argument("--grpc-root-cert", metavar="PEM", help="CA certificates that verify clients")
+    serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        choices=["none", "low", "medium", "high"],
+        default="none",
+        help="compress gRPC inference responses (gzip or deflate, as the client accepts), as Triton",
+    )
     serve.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],

@@ -72,6 +72,7 @@ class ServerOptions:
     grpc_restrictions: Restrictions = field(default_factory=Restrictions)
     grpc_server: str = "native"  # flowserve.frontends.GRPC_SERVERS
     grpc_tls: GrpcTls | None = None  # --grpc-use-ssl (frontends/grpc/tls.py)
+    grpc_response_compression: str = "none"  # --grpc-infer-response-compression-level
     http_server: str = "native"  # flowserve.frontends.HTTP_SERVERS
     model_load_threads: int = 4
     # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
@@ -134,6 +135,7 @@ class Server:
                         opts.grpc_restrictions,
                         opts.grpc_server,
                         opts.grpc_tls,
+                        opts.grpc_response_compression,
                     )
                 )
             if opts.metrics_port >= 0:

@@ -17,10 +17,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from flowserve.frontends.grpc.http2 import (
+    COMPRESSION_LEVELS,
     PREFACE,
     CallContext,
     Http2GrpcServer,
     Method,
+    ResponseCompression,
     decode_block,
     frame,
     grpc_timeout_s,
@@ -493,3 +495,81 @@ async def test_the_deadline_a_client_sends_ends_the_call_here_too(echo_server: A
     assert headers["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
     assert headers["grpc-message"] == "Deadline Exceeded"
     await asyncio.wait_for(echo.cancelled.wait(), 5)
+
+
+@pytest.fixture
+async def compressing_server() -> AsyncIterator[Http2GrpcServer]:
+    echo = Echo()
+    methods = {SERVICE + name: Method(parse=bytes, unary=getattr(echo, name)) for name in ("echo", "double")}
+    compression = ResponseCompression(COMPRESSION_LEVELS["high"], frozenset({SERVICE + "echo"}))
+    server = Http2GrpcServer(methods, max_message=32 * 1024 * 1024, compression=compression)
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop(0)
+
+
+def _echo_raw(
+    port: int, payload: bytes, accept: str | None, method: str = "echo"
+) -> tuple[dict[str, str], bytes]:
+    """One call over a raw connection: the response headers and the gRPC-framed response."""
+    import hpack
+
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + method), (":authority", "x"),
+              ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+    if accept is not None:
+        fields.append(("grpc-accept-encoding", accept))
+    message = b"\x00" + len(payload).to_bytes(4, "big") + payload
+    assert len(message) <= 16_384 and len(payload) * 2 < 65_535  # one frame in, the default window out
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(
+            PREFACE
+            + frame(4, 0, 0)
+            + frame(1, 0x4, 1, hpack.Encoder().encode(fields))
+            + frame(0, 0x1, 1, message)
+        )
+        frames = _read_frames(sock, 0.5)
+    decoder = hpack.Decoder()
+    blocks = [p for t, sid, p in frames if t == 1 and sid == 1]
+    assert blocks, frames
+    headers = dict(decoder.decode(blocks[0]))
+    return headers, b"".join(p for t, sid, p in frames if t == 0 and sid == 1)
+
+
+async def test_responses_are_compressed_as_the_client_accepts(compressing_server: Any) -> None:
+    import gzip
+    import zlib
+
+    port = compressing_server.port
+    payload = b"flowserve " * 1_500
+    headers, body = await asyncio.to_thread(_echo_raw, port, payload, "identity,deflate,gzip")
+    assert headers["grpc-encoding"] == "gzip" and body[0] == 1  # compressed flag
+    assert int.from_bytes(body[1:5], "big") == len(body) - 5 < len(payload) // 50
+    assert gzip.decompress(body[5:]) == payload
+    headers, body = await asyncio.to_thread(_echo_raw, port, payload, "deflate")
+    assert headers["grpc-encoding"] == "deflate" and zlib.decompress(body[5:]) == payload
+    for accept in (None, "identity"):  # nothing it can decode: sent as it is
+        headers, body = await asyncio.to_thread(_echo_raw, port, payload, accept)
+        assert "grpc-encoding" not in headers and body[0] == 0 and body[5:] == payload
+    headers, body = await asyncio.to_thread(_echo_raw, port, b"tiny", "gzip")  # too small to gain
+    assert headers["grpc-encoding"] == "gzip" and body == b"\x00\x00\x00\x00\x04tiny"
+    headers, body = await asyncio.to_thread(_echo_raw, port, payload, "gzip", "double")  # not listed
+    assert "grpc-encoding" not in headers and body[5:] == payload * 2
+    # grpcio's client (tritonclient's) accepts gzip and reads the compressed answer
+    target = f"127.0.0.1:{port}"
+    assert await asyncio.to_thread(_unary, target, "echo", payload) == payload
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_compressed_inference_responses_reach_tritonclient(server_factory: Any, transport: str) -> None:
+    proc = server_factory.start(
+        f"--grpc-server={transport}", "--grpc-infer-response-compression-level=high", listeners="grpc"
+    )
+    x = np.tile(np.arange(64, dtype=np.float32), 64).reshape(1, 4096)  # 16 KiB, compressible
+    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 4096], "FP32")
+        tensor.set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), x)
+        assert client.get_model_metadata("identity_fp32").name == "identity_fp32"

@@ -27,7 +27,12 @@ from flowserve.frontends import GRPC_SERVERS
 from flowserve.frontends.grpc import health
 from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
-from flowserve.frontends.grpc.http2 import Http2GrpcServer, service_methods
+from flowserve.frontends.grpc.http2 import (
+    COMPRESSION_LEVELS,
+    Http2GrpcServer,
+    ResponseCompression,
+    service_methods,
+)
 from flowserve.frontends.grpc.service import InferenceServicer
 from flowserve.frontends.grpc.tls import GrpcTls
 
@@ -37,6 +42,8 @@ __all__ = [
 
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+# the rpcs whose responses --grpc-infer-response-compression-level compresses
+INFER_METHODS = frozenset(f"/{SERVICE.full_name}/{name}" for name in ("ModelInfer", "ModelStreamInfer"))
 # Largest message sent back (outputs can be bigger than the request that asked for them).
 MAX_SEND_BYTES = 2**31 - 1
 
@@ -72,17 +79,31 @@ async def start_grpc(
     restrictions: Restrictions | None = None,
     server: str = "native",
     tls: GrpcTls | None = None,
+    response_compression: str = "none",
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
     ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
     ``server``: ``native`` or ``grpcio`` (see the module docstring); ``tls``: serve over TLS
-    (``--grpc-use-ssl``, see ``tls.py``)."""
+    (``--grpc-use-ssl``, see ``tls.py``); ``response_compression``: Triton's
+    ``--grpc-infer-response-compression-level`` (none, low, medium, high): inference responses
+    are compressed with gzip or deflate as the client accepts (grpcio: gzip at its own level,
+    for every rpc)."""
+    if response_compression not in COMPRESSION_LEVELS:
+        raise ValueError(
+            f"unknown response compression level '{response_compression}' "
+            f"(choose from {', '.join(COMPRESSION_LEVELS)})"
+        )
     if server == "native":
-        return await _start_native(plane, host, port, restrictions, tls)
+        compression = ResponseCompression(COMPRESSION_LEVELS[response_compression], INFER_METHODS)
+        return await _start_native(plane, host, port, restrictions, tls, compression)
     if server != "grpcio":
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
-    aio = grpc.aio.server(options=server_options(plane.limits.max_request_bytes), interceptors=interceptors)
+    aio = grpc.aio.server(
+        options=server_options(plane.limits.max_request_bytes),
+        interceptors=interceptors,
+        compression=grpc.Compression.Gzip if response_compression != "none" else None,
+    )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), aio)
     aio.add_generic_rpc_handlers((health.grpcio_handler(health.HealthServicer(plane)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -101,7 +122,12 @@ async def start_grpc(
 
 
 async def _start_native(
-    plane: DataPlane, host: str, port: int, restrictions: Restrictions | None, tls: GrpcTls | None
+    plane: DataPlane,
+    host: str,
+    port: int,
+    restrictions: Restrictions | None,
+    tls: GrpcTls | None,
+    compression: ResponseCompression,
 ) -> GrpcListener:
     gate = None
     if restrictions:
@@ -112,7 +138,7 @@ async def _start_native(
 
     methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
     methods.update(health.native_methods(health.HealthServicer(plane)))
-    native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate)
+    native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate, compression)
     try:
         bound = await native.start(host, port, tls.ssl_context() if tls is not None else None)
     except OSError as exc:

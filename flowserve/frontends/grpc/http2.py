@@ -21,11 +21,11 @@ streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message s
 (RESOURCE_EXHAUSTED; compressed messages inflate only up to the limit), unknown methods
 (UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
 per connection (request bytes waiting undelivered, streams, header blocks), TLS when the
-server is given an ``ssl.SSLContext`` (ALPN ``h2``; see ``tls.py``). Not covered: server push
-(gRPC does not use it), sending compressed responses (allowed by the protocol: responses go
-uncompressed). A call's ``grpc-timeout`` (the client's deadline) bounds it here
-too: past it the call is cancelled and ends with DEADLINE_EXCEEDED, whether or not the client
-resets the stream itself.
+server is given an ``ssl.SSLContext`` (ALPN ``h2``; see ``tls.py``), compressed responses
+when the server is given a :class:`ResponseCompression` (gzip or deflate, as the client
+accepts). Not covered: server push (gRPC does not use it). A call's ``grpc-timeout`` (the
+client's deadline) bounds it here too: past it the call is cancelled and ends with
+DEADLINE_EXCEEDED, whether or not the client resets the stream itself.
 """
 
 from __future__ import annotations
@@ -84,6 +84,28 @@ _ENCODINGS: dict[bytes, int | None] = {
     b"deflate": zlib.MAX_WBITS,
     b"identity": None,
 }
+# Triton's --grpc-infer-response-compression-level -> zlib level (0: responses go uncompressed)
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
+# response messages shorter than this go uncompressed even on a compressing call (a message's
+# own flag says which; a few bytes gain nothing and cost a zlib call)
+COMPRESS_FROM = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCompression:
+    """Compress the responses of ``methods`` (paths; None: every method) at zlib ``level``,
+    with gzip, or deflate, whichever the client lists in ``grpc-accept-encoding`` (gzip
+    first); a client that accepts neither gets them uncompressed."""
+
+    level: int
+    methods: frozenset[str] | None = None
+
+    def encoding_for(self, accept: bytes) -> bytes | None:
+        offered = {part.strip() for part in accept.split(b",")}
+        for name in (b"gzip", b"deflate"):
+            if name in offered:
+                return name
+        return None
 
 
 def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
@@ -232,7 +254,7 @@ _EOF = _Eof()
 class _Stream:
     __slots__ = (
         "context", "data", "drained", "encoding", "headers_sent", "method", "out",
-        "queue", "remote_closed", "send_window", "sid", "task", "trailers", "unacked",
+        "queue", "remote_closed", "reply_encoding", "send_window", "sid", "task", "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
@@ -248,6 +270,7 @@ class _Stream:
         self.remote_closed = False
         self.unacked = 0
         self.encoding = b"identity"
+        self.reply_encoding: bytes | None = None  # responses compressed with it (ResponseCompression)
         self.context = CallContext(headers)
         self.drained: asyncio.Future[None] | None = None
 
@@ -432,6 +455,7 @@ class Connection(asyncio.Protocol):
         path = b""
         content_type = b""
         encoding = b"identity"
+        accept = b""
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -439,12 +463,17 @@ class Connection(asyncio.Protocol):
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
+            elif name == b"grpc-accept-encoding":
+                accept = value
         if not content_type.startswith(b"application/grpc"):
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, STATUS_415))
             return
         method = self.methods.get(path)
         stream = _Stream(sid, method or _UNKNOWN, headers, self.peer_initial_window)
         stream.encoding = encoding
+        compression = self.server.compression
+        if compression is not None and (compression.methods is None or path in self.server.compressed):
+            stream.reply_encoding = compression.encoding_for(accept)
         self.streams[sid] = stream
         refusal = self._refusal(method, path, encoding, stream)
         if refusal is not None:
@@ -655,11 +684,21 @@ class Connection(asyncio.Protocol):
 
     def _send(self, stream: _Stream, message: bytes, trailers: bytes | None) -> None:
         """One response message, then (if given) the trailers ending the call."""
+        flag = b"\x00"
+        coding = stream.reply_encoding
         if not stream.headers_sent:
             stream.headers_sent = True
-            self._write(frame(HEADERS, END_HEADERS, stream.sid, RESPONSE_HEADERS))
+            head = (
+                RESPONSE_HEADERS if coding is None else RESPONSE_HEADERS + literal(b"grpc-encoding", coding)
+            )
+            self._write(frame(HEADERS, END_HEADERS, stream.sid, head))
+        if coding is not None and len(message) >= COMPRESS_FROM:
+            assert self.server.compression is not None
+            packer = zlib.compressobj(self.server.compression.level, zlib.DEFLATED, _ENCODINGS[coding] or 0)
+            message = packer.compress(message) + packer.flush()
+            flag = b"\x01"
         n = len(message)
-        stream.out += b"\x00" + n.to_bytes(4, "big") + message
+        stream.out += flag + n.to_bytes(4, "big") + message
         if trailers is not None:
             stream.trailers = trailers
         self._flush(stream)
@@ -830,12 +869,22 @@ _UNKNOWN = Method(parse=bytes, unary=_unknown)
 
 class Http2GrpcServer:
     """``methods``: ``/package.Service/Method`` -> :class:`Method`; ``gate`` may refuse a call
-    before it runs (restricted protocols); ``max_message``: largest request message."""
+    before it runs (restricted protocols); ``max_message``: largest request message;
+    ``compression``: compress responses (Triton's ``--grpc-infer-response-compression-level``)."""
 
-    def __init__(self, methods: dict[str, Method], max_message: int, gate: Gate | None = None) -> None:
+    def __init__(
+        self,
+        methods: dict[str, Method],
+        max_message: int,
+        gate: Gate | None = None,
+        compression: ResponseCompression | None = None,
+    ) -> None:
         self.methods = {path.encode("latin-1"): m for path, m in methods.items()}
         self.max_message = max_message
         self.gate = gate
+        self.compression = compression if compression is not None and compression.level > 0 else None
+        methods_compressed = compression.methods if compression is not None else None
+        self.compressed = frozenset(p.encode("latin-1") for p in methods_compressed or ())
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.port = 0
