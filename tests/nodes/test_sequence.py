@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,15 +18,22 @@ from flowserve.nodes.sequence import SequenceBatcher
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[flowserve.Engine]:
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, model: str) -> AsyncIterator[flowserve.Engine]:
+    """An engine serving one test model, from a copy of its directory."""
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "tests" / "models" / "sequence_accumulate", repo / "sequence_accumulate")
+    shutil.copytree(ROOT / "tests" / "models" / model, repo / model)
     eng = await flowserve.Engine.start(repo)
     try:
         yield eng
     finally:
         await eng.stop()
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[flowserve.Engine]:
+    async with _serving(tmp_path, "sequence_accumulate") as eng:
+        yield eng
 
 
 async def step(
@@ -112,13 +120,8 @@ async def test_a_sequence_stays_on_one_instance(engine: flowserve.Engine) -> Non
 
 @pytest.fixture
 async def slots_engine(tmp_path: Path) -> AsyncIterator[flowserve.Engine]:
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "tests" / "models" / "sequence_slots", repo / "sequence_slots")
-    eng = await flowserve.Engine.start(repo)
-    try:
+    async with _serving(tmp_path, "sequence_slots") as eng:
         yield eng
-    finally:
-        await eng.stop()
 
 
 async def test_direct_strategy_keeps_each_sequence_in_its_batch_slot(slots_engine: flowserve.Engine) -> None:
