@@ -267,10 +267,11 @@ class SequenceBatcher(Node):
         return inputs
 
     async def _execute(self, instance: int, rows: list[TensorMap], real: list[bool]) -> list[TensorMap]:
-        # rows of equal shapes run as one batch; others one by one (and null requests, which
-        # only hold slots in a shared batch, are then left out)
+        # rows run as one batch when the model takes a list of requests or their shapes are
+        # equal; else one by one (and null requests, which only hold slots in a shared batch,
+        # are then left out)
         shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(r.items())) for r in rows}
-        if len(shapes) == 1 and self.max_batch_size > 0:
+        if self.max_batch_size > 0 and (len(shapes) == 1 or not self.inner.merges_rows):
             return await self.inner.pool.run_on(instance, self.inner.execute_batch, rows)  # type: ignore[return-value]
         return [
             (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0] if is_real else {}  # type: ignore[index]

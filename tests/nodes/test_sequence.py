@@ -128,10 +128,14 @@ async def test_direct_strategy_keeps_each_sequence_in_its_batch_slot(slots_engin
     """The model keeps its sums per slot: right only if a sequence's requests always run in the
     same row, with null requests (READY 0) holding the empty rows below it, as Triton does."""
 
-    async def send(corr: int, x: int, start: bool = False, end: bool = False) -> tuple[int, int, list[int]]:
+    async def send(
+        corr: int, x: int, start: bool = False, end: bool = False, width: int = 1
+    ) -> tuple[int, int, list[int]]:
+        values = np.zeros((1, width), np.int32)
+        values[0, 0] = x
         out = await slots_engine.infer(
             "sequence_slots",
-            {"INPUT": np.array([[x]], np.int32)},
+            {"INPUT": values},
             parameters={"sequence_id": corr, "sequence_start": start, "sequence_end": end},
         )
         return int(out["OUTPUT"][0, 0]), int(out["SLOT"][0, 0]), [int(v) for v in out["READIES"][0]]
@@ -143,8 +147,9 @@ async def test_direct_strategy_keeps_each_sequence_in_its_batch_slot(slots_engin
     assert await send(30, 1) == (8, 2, [0, 0, 1, -1])
     assert await send(40, 100, start=True) == (100, 1, [0, 1, -1, -1])  # the lowest free slot
     assert await send(10, 2) == (3, 0, [1, -1, -1, -1])
-    # concurrent requests of three sequences run as one batch, each in its own row
-    results = await asyncio.gather(send(30, 1), send(10, 1), send(40, 1))
+    # concurrent requests of three sequences run as one batch, each in its own row, even with
+    # inputs of different shapes (a python model takes a list of requests)
+    results = await asyncio.gather(send(30, 1), send(10, 1, width=3), send(40, 1, width=2))
     assert [r[:2] for r in results] == [(9, 2), (4, 0), (101, 1)]
     assert all(r[2] == [1, 1, 1, -1] for r in results)
     stats = slots_engine.registry.get("sequence_slots").stats

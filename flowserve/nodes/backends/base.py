@@ -46,6 +46,9 @@ class BackendNode(Node):
     # May a cheap call run on the event loop (see nodes/instances.py)? Only for backends whose
     # framework is not thread-affine (no CUDA stream or thread-local session state).
     inline_ok: bool = False
+    # execute_batch merges requests' rows into one tensor batch (so they need equal shapes);
+    # False where the model takes a list of requests (Triton's python backend)
+    merges_rows: bool = True
     # May several instances load at once (Triton's parallel instance loading)? Only for
     # backends whose loading is thread-safe; up to the engine's load thread count at once.
     parallel_instance_loading: bool = False

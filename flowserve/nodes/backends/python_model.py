@@ -87,6 +87,7 @@ class PythonInstance:
 
 class PythonModelBackend(BackendNode):
     inline_ok = True
+    merges_rows = False  # execute(requests): one request per batch entry, shapes of their own
     _link: EngineLink | None = None
 
     async def start(self) -> None:

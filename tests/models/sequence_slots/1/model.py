@@ -15,7 +15,7 @@ class TritonPythonModel:
         responses = []
         for slot, request in enumerate(requests):
             if readies[slot]:
-                x = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()[0, 0])
+                x = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().sum())
                 start = int(pb_utils.get_input_tensor_by_name(request, "START").as_numpy()[0, 0])
                 self.sums[slot] = x if start else self.sums[slot] + x
             responses.append(
