@@ -93,19 +93,27 @@ COMPRESS_FROM = 1024
 
 @dataclass(frozen=True, slots=True)
 class ResponseCompression:
-    """Compress the responses of ``methods`` (paths; None: every method) at zlib ``level``,
-    with gzip, or deflate, whichever the client lists in ``grpc-accept-encoding`` (gzip
-    first); a client that accepts neither gets them uncompressed."""
+    """Compress the responses of ``methods`` (``/package.Service/Method`` paths; None: every
+    method) at zlib ``level``, with gzip, or deflate, whichever the client lists in
+    ``grpc-accept-encoding`` (gzip first); a client that accepts neither gets them
+    uncompressed."""
 
     level: int
     methods: frozenset[str] | None = None
 
-    def encoding_for(self, accept: bytes) -> bytes | None:
+    def encoding_for(self, path: bytes, accept: bytes) -> bytes | None:
+        """The encoding for a call's responses, None when they go uncompressed."""
+        if self.methods is not None and path.decode("latin-1") not in self.methods:
+            return None
         offered = {part.strip() for part in accept.split(b",")}
         for name in (b"gzip", b"deflate"):
             if name in offered:
                 return name
         return None
+
+    def compress(self, message: bytes, encoding: bytes) -> bytes:
+        packer = zlib.compressobj(self.level, zlib.DEFLATED, _ENCODINGS[encoding] or zlib.MAX_WBITS)
+        return packer.compress(message) + packer.flush()
 
 
 def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
@@ -472,8 +480,8 @@ class Connection(asyncio.Protocol):
         stream = _Stream(sid, method or _UNKNOWN, headers, self.peer_initial_window)
         stream.encoding = encoding
         compression = self.server.compression
-        if compression is not None and (compression.methods is None or path in self.server.compressed):
-            stream.reply_encoding = compression.encoding_for(accept)
+        if compression is not None:
+            stream.reply_encoding = compression.encoding_for(path, accept)
         self.streams[sid] = stream
         refusal = self._refusal(method, path, encoding, stream)
         if refusal is not None:
@@ -692,10 +700,9 @@ class Connection(asyncio.Protocol):
                 RESPONSE_HEADERS if coding is None else RESPONSE_HEADERS + literal(b"grpc-encoding", coding)
             )
             self._write(frame(HEADERS, END_HEADERS, stream.sid, head))
-        if coding is not None and len(message) >= COMPRESS_FROM:
-            assert self.server.compression is not None
-            packer = zlib.compressobj(self.server.compression.level, zlib.DEFLATED, _ENCODINGS[coding] or 0)
-            message = packer.compress(message) + packer.flush()
+        compression = self.server.compression
+        if coding is not None and compression is not None and len(message) >= COMPRESS_FROM:
+            message = compression.compress(message, coding)
             flag = b"\x01"
         n = len(message)
         stream.out += flag + n.to_bytes(4, "big") + message
@@ -883,8 +890,6 @@ class Http2GrpcServer:
         self.max_message = max_message
         self.gate = gate
         self.compression = compression if compression is not None and compression.level > 0 else None
-        methods_compressed = compression.methods if compression is not None else None
-        self.compressed = frozenset(p.encode("latin-1") for p in methods_compressed or ())
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.port = 0
