@@ -39,6 +39,7 @@ from typing import Any
 
 from flowserve.core.node import Span
 from flowserve.dataplane.plane import VERSION, DataPlane, Trace
+from flowserve.observability.traces import trace_bounds
 
 log = logging.getLogger("flowserve.otel")
 
@@ -163,9 +164,7 @@ def otlp_spans(trace: Trace, wall_offset_ns: int, new_id: Any = None) -> list[di
     new_id = new_id or (lambda n: os.urandom(n).hex())
     context = parse_traceparent(trace.traceparent)
     trace_id, caller = context if context is not None else (new_id(16), "")
-    ran = [s for s in trace.spans if not s.skipped] or trace.spans
-    t0 = min((s.start_ns for s in ran), default=0) + wall_offset_ns
-    t1 = max((max(s.end_ns, s.start_ns) for s in ran), default=0) + wall_offset_ns
+    t0, t1 = (t + wall_offset_ns for t in trace_bounds(trace.spans))
     base: dict[str, str | int | bool] = {"model_name": trace.model, "request_id": trace.request_id}
     error = "" if trace.ok else trace.error or "failed"
     top_id, model_id = new_id(8), new_id(8)

@@ -31,7 +31,8 @@ def find_trace(traces: Iterable[Trace], tid: str) -> Trace | None:
     return None
 
 
-def _bounds(spans: list[Span]) -> tuple[int, int]:
+def trace_bounds(spans: list[Span]) -> tuple[int, int]:
+    """When a trace's spans began and ended (monotonic ns; skipped spans only when all are)."""
     starts = [s.start_ns for s in spans if not s.skipped]
     ends = [max(s.end_ns, s.start_ns) for s in spans if not s.skipped]
     if not starts:
@@ -57,7 +58,7 @@ def span_dict(span: Span, t0: int, top: str) -> dict[str, Any]:
 
 
 def trace_summary(trace: Trace) -> dict[str, Any]:
-    t0, t1 = _bounds(trace.spans)
+    t0, t1 = trace_bounds(trace.spans)
     return {
         "id": trace_id(trace),
         "request_id": trace.request_id,
@@ -74,7 +75,7 @@ def trace_summary(trace: Trace) -> dict[str, Any]:
 def trace_dict(trace: Trace) -> dict[str, Any]:
     """One request's timeline: spans ordered by start (outer graph first on ties), times in
     microseconds from the first span's start."""
-    t0, _ = _bounds(trace.spans)
+    t0, _ = trace_bounds(trace.spans)
     ordered = sorted(trace.spans, key=lambda s: (s.skipped, s.start_ns, s.graph != trace.model, -s.end_ns))
     out = trace_summary(trace)
     out["timeline"] = [span_dict(s, t0, trace.model) for s in ordered]
@@ -85,7 +86,7 @@ def triton_trace(trace: Trace, number: int) -> list[dict[str, Any]]:
     """The trace in the shape of Triton's trace file (trace_mode "triton"): a record naming the
     model, its REQUEST_START/REQUEST_END timestamps, and one child record per node (``parent_id``
     pointing at the request) with COMPUTE_START/COMPUTE_END, as Triton does for ensemble steps."""
-    t0, t1 = _bounds(trace.spans)
+    t0, t1 = trace_bounds(trace.spans)
     records: list[dict[str, Any]] = [
         {"id": number, "model_name": trace.model, "model_version": 1, "request_id": trace.request_id},
         {
@@ -165,6 +166,7 @@ __all__ = [
     "TraceFileWriter",
     "fan_out",
     "find_trace",
+    "trace_bounds",
     "trace_dict",
     "trace_id",
     "trace_summary",
