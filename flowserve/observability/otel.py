@@ -281,9 +281,9 @@ class OtlpExporter:
         try:
             with urllib.request.urlopen(request, timeout=self.options.timeout_s) as reply:
                 reply.read()
-            self.exported += len(spans)
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            self.dropped += len(spans)
+            with self._lock:  # __call__ counts drops too, on the loop's thread
+                self.dropped += len(spans)
             now = time.monotonic()
             if now - self._warned_at > 60:
                 self._warned_at = now
@@ -293,6 +293,8 @@ class OtlpExporter:
                     exc,
                     len(spans),
                 )
+        else:
+            self.exported += len(spans)
 
 
 __all__ = ["DEFAULT_URL", "OtelOptions", "OtlpExporter", "otlp_spans", "parse_traceparent"]
