@@ -30,22 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 READY = "flowserve ready"
 
 
-def shared_bind(host: str, port: int) -> socket.socket:
-    """flowserve's HTTP ``bind``, with SO_REUSEPORT."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
-    sock.setblocking(False)
-    return sock
-
-
 def child(serve_args: Sequence[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from flowserve import cli
     from flowserve.frontends.http import listener
+
+    bind = listener.bind
+
+    def shared_bind(host: str, port: int) -> socket.socket:
+        return bind(host, port, reuse_port=True)
 
     listener.bind = shared_bind  # start_http looks it up when it binds
     return cli.main(["serve", *serve_args])

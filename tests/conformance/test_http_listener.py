@@ -11,6 +11,7 @@ import pytest
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import HTTP_SERVERS, start_http
+from flowserve.frontends.http.listener import bind
 
 
 class SlowApp:
@@ -98,3 +99,16 @@ async def test_busy_port_is_a_clear_error(server: str) -> None:
             await start_http(DataPlane(Engine()), "127.0.0.1", first.port, server=server)
     finally:
         await first.stop(grace_s=1)
+
+
+def test_a_port_is_shared_only_when_every_socket_asks_for_it() -> None:
+    first = bind("127.0.0.1", 0, reuse_port=True)
+    first.listen()
+    port = first.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            bind("127.0.0.1", port)  # flowserve's own listeners never share
+        second = bind("127.0.0.1", port, reuse_port=True)  # benchmarks/processes.py's
+        second.close()
+    finally:
+        first.close()
