@@ -19,6 +19,7 @@ from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane import metadata
 from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
+from flowserve.dataplane.guard import Guards
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.split import parse_split_weights, set_split_weights
 
@@ -74,8 +75,11 @@ class DataPlane:
         limits: Limits | None = None,
         keep_traces: int = 200,
         admission: Admission | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self.engine = engine
+        # connection caps per listener and the server-wide budget of buffered request bytes
+        self.guards = guards or Guards()
         self.shm = shm or SharedMemoryRegistry(enabled=False)
         self.limits = limits or Limits()
         self.admission = admission or Admission()
