@@ -33,7 +33,9 @@ SMALL = 64 * 1024  # requests below this size are not counted against the byte b
 class ConnectionGuard:
     """Open connections of one listener, with a cap."""
 
-    def __init__(self, listener: str, limit: int = DEFAULT_MAX_CONNECTIONS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, listener: str, limit: int = DEFAULT_MAX_CONNECTIONS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if limit < 0:
             raise ValueError("a connection limit must be >= 0 (0: no limit)")
         self.listener = listener
