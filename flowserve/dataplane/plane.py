@@ -251,10 +251,18 @@ class DataPlane:
             return self.model_trace_settings.get(model, self.trace_settings).as_dict()
         return self.trace_settings.as_dict()
 
-    def update_trace_settings(self, settings: dict[str, Any], model: str = "") -> dict[str, Any]:
-        """Values may be strings, lists of strings or None (None: back to the global value)."""
+    def update_trace_settings(
+        self, settings: dict[str, Any], model: str = "", from_network: bool = True
+    ) -> dict[str, Any]:
+        """Values may be strings, lists of strings or None (None: back to the global value).
+
+        ``trace_file`` names a file the server writes: from the network (``from_network``, the
+        front ends' calls) it cannot be changed, as in Triton; only the command line
+        (``--trace-config triton,file=PATH``) sets it. Sending the value in force is accepted."""
         if model:
             self.engine.registry.get(model)
+        if from_network:
+            _refuse_file_change(settings, "trace_file", self.get_trace_settings(model)["trace_file"], "trace")
         base = self.model_trace_settings.get(model) if model else self.trace_settings
         target = TraceSettings(**vars(base if base is not None else self.trace_settings))
         for key, value in settings.items():
@@ -311,7 +319,11 @@ class DataPlane:
     def get_log_settings(self) -> dict[str, Any]:
         return dict(self.log_settings)
 
-    def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+    def update_log_settings(self, settings: dict[str, Any], from_network: bool = True) -> dict[str, Any]:
+        """``log_file`` cannot be changed from the network (``from_network``), as in Triton:
+        only the command line (``--log-file``) sets it. Sending the value in force is accepted."""
+        if from_network:
+            _refuse_file_change(settings, "log_file", self.log_settings["log_file"], "log")
         for key, value in settings.items():
             kind = _LOG_KEYS.get(key)
             if kind is None:
@@ -358,3 +370,23 @@ class DataPlane:
     def require_model(self, name: str) -> None:
         if not self.engine.registry.has(name):
             raise NotFound(f"unknown model: '{name}'")
+
+
+def _refuse_file_change(settings: dict[str, Any], key: str, current: str, kind: str) -> None:
+    """Refuse a network request that would change which file the server writes.
+
+    A file location from the network is a remote file write (create, truncate or append to
+    any path the server can write, with content the client steers), so, as Triton does, file
+    locations come only from the command line. Sending the value in force (or nothing) is
+    fine, so clients that send back what they read keep working."""
+    if key not in settings:
+        return
+    value = settings[key]
+    if isinstance(value, list) and len(value) == 1:  # gRPC sends every value as a list
+        value = value[0]
+    if value is None or value == current:
+        return
+    raise Unsupported(
+        f"{kind} file location can not be updated through network protocol: '{key}' is set only "
+        f"on the command line ({'--trace-config triton,file=PATH' if kind == 'trace' else '--log-file PATH'})"
+    )

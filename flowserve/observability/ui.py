@@ -40,7 +40,7 @@ from flowserve.runtime.servable import Servable
 
 log = logging.getLogger("flowserve.observability")
 
-_STATUS = {"NOT_FOUND": 404, "INVALID_ARG": 400}
+_STATUS = {"NOT_FOUND": 404, "INVALID_ARG": 400, "UNSUPPORTED": 501}
 
 
 class _Response:

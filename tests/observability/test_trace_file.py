@@ -25,7 +25,7 @@ async def test_traces_are_written_per_trace_settings(tmp_path: Path) -> None:
         await plane.infer(request)  # tracing is off: nothing written
         path = tmp_path / "trace.json"
         plane.update_trace_settings(
-            {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(path)}
+            {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(path)}, from_network=False
         )
         await plane.infer(request)
         records = json.loads(path.read_text())
@@ -35,7 +35,7 @@ async def test_traces_are_written_per_trace_settings(tmp_path: Path) -> None:
         assert {"addsub", "double_sum", "triple_diff", "join"} <= nodes
         # with log_frequency 2, every two traces go to a numbered file
         rolled = tmp_path / "rolled.json"
-        plane.update_trace_settings({"trace_file": str(rolled), "log_frequency": "2"})
+        plane.update_trace_settings({"trace_file": str(rolled), "log_frequency": "2"}, from_network=False)
         for _ in range(4):
             await plane.infer(request)
         first, second, third = (rolled.with_name(f"rolled.json.{k}") for k in range(3))
