@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
+from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, SpecIssue
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.schema import GraphSpec, ModelSpec
 from flowserve.spec.triton import CONFIG_FILES, model_spec, read_config
@@ -132,7 +132,6 @@ def override_scan(
     the repository directory is used with the overriding config. File paths must stay inside
     the model directory: no absolute paths, no '..', no writing through a symbolic link.
     """
-    from flowserve.core.errors import InvalidArgument
     from flowserve.spec.triton import model_spec, parse_config_json
 
     check_model_name(name)
@@ -144,6 +143,7 @@ def override_scan(
         model_dir = target
     if model_dir is None:
         raise InvalidArgument(f"load of '{name}': no model directory; send files with the config")
+    check_override_paths(name, model_dir, config)
     scan = Scan()
     issues: list[SpecIssue] = []
     spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues)
@@ -151,10 +151,31 @@ def override_scan(
     return scan
 
 
+def check_override_paths(name: str, model_dir: Path, config: Any) -> None:
+    """A config from the network names no file outside the model directory: not its model file
+    (``default_model_filename``) and not a parameter that names a file or library a backend
+    opens (``*_PATH``, for example OpenVINO's ``CPU_EXTENSION_PATH``, which it loads as code)."""
+    root = model_dir.resolve()
+    named = [("default_model_filename", config.default_model_filename)]
+    named += [
+        (f"parameters.{k}", v.string_value)
+        for k, v in config.parameters.items()
+        if k.upper().endswith("_PATH")
+    ]
+    for key, value in named:
+        if not value:
+            continue
+        outside = "\0" in value or ".." in Path(value).parts
+        # an absolute value replaces model_dir; a symbolic link is followed
+        if outside or not (model_dir / value).resolve().is_relative_to(root):
+            raise InvalidArgument(
+                f"load of '{name}': config field '{key}' ({value!r}) must name a file inside the "
+                "model directory"
+            )
+
+
 def check_model_name(name: str) -> None:
     """A model name from a request names one directory: no separators, not '.' or '..'."""
-    from flowserve.core.errors import InvalidArgument
-
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise InvalidArgument(f"invalid model name {name!r}: it must name one directory")
 
@@ -163,8 +184,6 @@ def write_override_files(name: str, target: Path, files: dict[str, bytes]) -> No
     """Write a load request's ``file:`` entries under ``target`` and nowhere else: relative
     paths without '..', and no path whose directories or file are symbolic links (a link could
     lead out of the model directory), checked on the resolved path and again when opening."""
-    from flowserve.core.errors import InvalidArgument
-
     root = target.resolve()
     for rel, data in files.items():
         where = f"load of '{name}': file path '{rel}'"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -210,6 +210,16 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
         )
         return None
     config.name = name
+    if not _inside(config.default_model_filename):
+        issues.append(
+            SpecIssue(
+                source,
+                f"'{config.default_model_filename}' must name a file inside the version directory "
+                "(a relative path without '..')",
+                field="default_model_filename",
+            )
+        )
+        return None
     versions, found = select_versions(model_dir, config)
     backend = resolve_backend(config, [Path(p) for p in versions.values()])
     if not backend:
@@ -503,3 +513,9 @@ def config_from_graph(
     if decoupled:
         config.model_transaction_policy.decoupled = True
     return config
+
+
+def _inside(filename: str) -> bool:
+    """Whether a file name from a config stays inside the directory it is relative to."""
+    path = PurePath(filename)
+    return not filename or not (path.is_absolute() or ".." in path.parts or "\0" in filename)
