@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from flowserve.core.errors import InvalidArgument, SpecIssue
 from flowserve.dataplane.engine import add_import_roots, scan_all
+from flowserve.dataplane.guard import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
 from flowserve.nodes.factory import compile_all
 
@@ -216,6 +217,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         header_forward = _header_forward(args)
         grpc_tls = _grpc_tls(args)
         trace_config = _trace_config(args)
+        if args.log_file:
+            with open(args.log_file, "a"):  # the server appends to it; refuse a path it cannot write
+                pass
+    except OSError as exc:
+        print(f"error: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
+        return 2
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
@@ -245,6 +252,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_bytes_element=args.max_bytes_element,
         ),
         shutdown_grace_s=args.exit_timeout_secs,
+        max_connections=args.max_connections,
+        max_buffered_request_bytes=args.max_buffered_request_bytes,
+        log_file=args.log_file or "",
         max_inflight_requests=args.max_inflight_requests,
         max_inflight_per_model=args.max_inflight_per_model,
         http_restrictions=http_restrictions,
@@ -397,6 +407,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         metavar="N",
         help="inference requests in flight at once for one model or graph (0: no bound)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="open connections per listener (HTTP, gRPC, metrics); more are closed at once and logged "
+        "(0: no cap)",
+    )
+    serve.add_argument(
+        "--max-buffered-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BUFFERED_BYTES,
+        metavar="BYTES",
+        help="request bytes held in memory across all requests; a request that does not fit is refused "
+        "before it is read (HTTP 503, gRPC RESOURCE_EXHAUSTED; 0: no budget)",
+    )
+    serve.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="also write the log to this file (Triton's flag; the only way to set it: the logging API "
+        "cannot change file locations)",
     )
     serve.add_argument(
         "--exit-timeout-secs",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.admission import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_PER_MODEL, Admission
 from flowserve.dataplane.engine import Engine
+from flowserve.dataplane.guard import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS, ByteBudget, Guards
 from flowserve.dataplane.plane import DataPlane, Limits
 from flowserve.dataplane.remote import RemoteOptions
 from flowserve.dataplane.shm import SharedMemoryRegistry
@@ -66,6 +67,11 @@ class ServerOptions:
     allow_shm: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
+    # open connections per listener, and request bytes in memory across all requests (guard.py)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_buffered_request_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    # --log-file: the only way to set the log file (the logging API cannot change file locations)
+    log_file: str = ""
     max_inflight_requests: int = DEFAULT_MAX_IN_FLIGHT
     max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
     http_restrictions: Restrictions = field(default_factory=Restrictions)
@@ -108,7 +114,10 @@ class Server:
         )
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
-        plane = DataPlane(engine, shm, opts.limits, admission=admission)
+        guards = Guards(opts.max_connections, ByteBudget(opts.max_buffered_request_bytes))
+        plane = DataPlane(engine, shm, opts.limits, admission=admission, guards=guards)
+        if opts.log_file:
+            plane.update_log_settings({"log_file": opts.log_file}, from_network=False)
         plane.header_forward = dict(opts.header_forward)
         self._tracing(plane)
         self.plane = plane
@@ -166,7 +175,7 @@ class Server:
             plane.on_trace = fan_out(files, self.exporter)
             for kind in ("http", "grpc"):
                 plane.header_forward[kind] = also_forward(plane.header_forward.get(kind), "traceparent")
-        plane.update_trace_settings(config.settings)
+        plane.update_trace_settings(config.settings, from_network=False)
 
     async def stop(self) -> None:
         """Stop accepting on every listener at once, give in-flight requests ``shutdown_grace_s``

@@ -1,6 +1,7 @@
 """Restricted APIs (Triton's --http-restricted-api / --grpc-restricted-protocol), client shared
-memory off unless --allow-shm (over both protocols), and model load file overrides that cannot
-write outside the model's directory."""
+memory off unless --allow-shm (over both protocols), model load file overrides that cannot
+write outside the model's directory, config overrides that name no file outside it, and log
+and trace file locations that no network request can change."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import base64
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -294,3 +297,128 @@ def test_shared_memory_is_refused_unless_allowed(rel: Any) -> None:
             )
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+# ------------------------------------------------------------------ no file locations from the network
+
+FILE_SETTINGS = [
+    ("/v2/trace/setting", {"trace_file": "{path}", "trace_level": ["TIMESTAMPS"], "trace_rate": "1"}),
+    ("/v2/models/add_sub/trace/setting", {"trace_file": "{path}", "trace_level": ["TIMESTAMPS"]}),
+    ("/ui/api/trace-settings", {"trace_file": "{path}", "trace_level": ["TIMESTAMPS"]}),
+    ("/v2/logging", {"log_file": "{path}", "log_info": True}),
+]
+
+
+@pytest.mark.parametrize(("path", "settings"), FILE_SETTINGS)
+def test_http_cannot_change_file_locations(
+    module_server: Any, tmp_path: Path, path: str, settings: Any
+) -> None:
+    target = tmp_path / "written-by-a-client"
+    read_back = path.replace("/ui/api/trace-settings", "/v2/trace/setting")
+    status, before = http_call(module_server.http_port, "GET", read_back, None, HTTP_ADMIN)
+    assert status == 200
+    body = json.dumps(settings).replace("{path}", str(target)).encode()
+    status, reply = http_call(module_server.http_port, "POST", path, body, HTTP_ADMIN)
+    assert status == 501, reply  # UNSUPPORTED, as Triton answers
+    assert "can not be updated through network protocol" in reply["error"], reply
+    # a request follows; nothing may have created the file, and no other setting changed
+    status, _ = http_call(module_server.http_port, "POST", "/v2/models/add_sub/infer", ADD_SUB, {})
+    assert status == 200 and not target.exists()
+    status, after = http_call(module_server.http_port, "GET", read_back, None, HTTP_ADMIN)
+    assert status == 200 and after == before
+
+
+def test_http_file_location_in_force_may_be_sent_back(module_server: Any) -> None:
+    status, current = http_call(module_server.http_port, "GET", "/v2/logging", None, HTTP_ADMIN)
+    assert status == 200
+    status, reply = http_call(
+        module_server.http_port, "POST", "/v2/logging", json.dumps(current).encode(), HTTP_ADMIN
+    )
+    assert status == 200 and reply == current, reply
+
+
+def test_grpc_cannot_change_file_locations(client: grpcclient.InferenceServerClient, tmp_path: Path) -> None:
+    target = tmp_path / "written-by-a-client"
+    headers = dict(GRPC_ADMIN)
+    calls = [
+        lambda: client.update_trace_settings(settings={"trace_file": str(target)}, headers=headers),
+        lambda: client.update_trace_settings("add_sub", {"trace_file": str(target)}, headers=headers),
+        lambda: client.update_log_settings({"log_file": str(target)}, headers=headers),
+    ]
+    for call in calls:
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert "can not be updated through network protocol" in info.value.message()
+        assert info.value.status() == str(grpc.StatusCode.UNIMPLEMENTED)
+    assert not target.exists()
+    # proto3 JSON leaves out an empty string: no log file is set
+    assert (
+        client.get_log_settings(headers=headers, as_json=True)["settings"]["log_file"].get("stringParam", "")
+        == ""
+    )
+
+
+def test_log_and_trace_files_come_from_the_command_line(rel: Any, tmp_path: Path) -> None:
+    log_file, trace_file = tmp_path / "server.log", tmp_path / "trace.json"
+    proc = rel.start(
+        f"--log-file={log_file}",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=rate=1",
+        "--trace-config=level=TIMESTAMPS",
+    )
+    status, settings = rel.get(proc.http_port, "/v2/logging")
+    assert status == 200 and settings["log_file"] == str(log_file)
+    status, trace = rel.get(proc.http_port, "/v2/trace/setting")
+    assert status == 200 and trace["trace_file"] == str(trace_file)
+    status, _ = rel.post(proc.http_port, "/v2/models/add_sub/infer", ADD_SUB)
+    assert status == 200
+    deadline = time.monotonic() + 10
+    while not trace_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(trace_file.read_text())[0]["model_name"] == "add_sub"
+    assert log_file.exists()
+
+
+# ------------------------------------------------------------------ config overrides name no file outside
+
+
+def load_config(
+    port: int, name: str, config: dict[str, Any], files: dict[str, bytes] | None = None
+) -> tuple[int, Any]:
+    params: dict[str, Any] = {"config": json.dumps(config)}
+    for path, data in (files or {}).items():
+        params[f"file:{path}"] = base64.b64encode(data).decode()
+    body = json.dumps({"parameters": params}).encode()
+    return http_call(port, "POST", f"/v2/repository/models/{name}/load", body, HTTP_ADMIN)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"backend": "python", "default_model_filename": "../../../../escape.py"},
+        {"backend": "python", "default_model_filename": "/tmp/escape.py"},
+        {"backend": "python", "default_model_filename": "../add_sub/1/model.py"},
+        {"backend": "openvino", "parameters": {"CPU_EXTENSION_PATH": {"string_value": "/tmp/evil.so"}}},
+        {"backend": "python", "parameters": {"EXECUTION_ENV_PATH": {"string_value": "../../env.tar.gz"}}},
+    ],
+)
+def test_config_override_names_no_file_outside_the_model(
+    module_server: Any, tmp_path: Path, config: Any
+) -> None:
+    marker = tmp_path / "ran"
+    escape = tmp_path / "escape.py"
+    escape.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = json.loads(json.dumps(config).replace("/tmp/escape.py", str(escape)))
+    for files in (None, {"1/model.py": b"raise SystemExit('must not run')"}):
+        status, reply = load_config(
+            module_server.http_port,
+            "add_sub" if files is None else "override_paths",
+            {**config, "max_batch_size": 0},
+            files,
+        )
+        assert status == 400, reply
+        assert "inside the" in reply["error"], reply
+        assert not marker.exists()
+    # the model that was there keeps serving
+    status, _ = http_call(module_server.http_port, "POST", "/v2/models/add_sub/infer", ADD_SUB, {})
+    assert status == 200
