@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,13 +52,20 @@ class SharedMemoryRegistry:
             raise InvalidArgument(f"shared memory region '{name}': invalid key '{key}'")
         path = SHM_ROOT / fname
         try:
-            fd = os.open(path, os.O_RDWR)
+            # never through a symbolic link (outputs are written into the region), and only a
+            # regular file: a FIFO or device under /dev/shm is not a region
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise InvalidArgument(
                 f"unable to open shared memory region '{name}' with key '{key}': {exc.strerror}"
             ) from None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidArgument(
+                    f"shared memory region '{name}': key '{key}' is not a shared memory object"
+                )
+            size = info.st_size
             if offset + byte_size > size:
                 raise InvalidArgument(
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "

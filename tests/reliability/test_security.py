@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -422,3 +423,29 @@ def test_config_override_names_no_file_outside_the_model(
     # the model that was there keeps serving
     status, _ = http_call(module_server.http_port, "POST", "/v2/models/add_sub/infer", ADD_SUB, {})
     assert status == 200
+
+
+def test_shared_memory_key_that_is_a_link_is_refused(module_server: Any, tmp_path: Path) -> None:
+    """A region's key names a POSIX shared memory object: never a symbolic link out of /dev/shm
+    (outputs are written into regions) and never a FIFO."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"\0" * 64)
+    link = Path(f"/dev/shm/flowserve-link-{uuid.uuid4().hex[:8]}")
+    fifo = Path(f"/dev/shm/flowserve-fifo-{uuid.uuid4().hex[:8]}")
+    link.symlink_to(victim)
+    os.mkfifo(fifo)
+    try:
+        for key in (link, fifo):
+            body = json.dumps({"key": f"/{key.name}", "offset": 0, "byte_size": 64}).encode()
+            status, reply = http_call(
+                module_server.http_port,
+                "POST",
+                f"/v2/systemsharedmemory/region/{key.name}/register",
+                body,
+                HTTP_ADMIN,
+            )
+            assert status == 400, reply
+            assert key.name in reply["error"], reply
+    finally:
+        link.unlink()
+        fifo.unlink()
