@@ -4,6 +4,12 @@ Not a general web server: bodies are read by Content-Length only (no chunked upl
 responses are buffered and sent with a Content-Length, keep-alive is honoured, and requests
 larger than ``max_body`` are refused. That is all a Prometheus scrape or a browser polling
 small JSON documents needs, with no framework and no extra dependency.
+
+Bounds, so that no client can hold the port (or the process's file descriptors): a request head
+is at most ``MAX_HEAD`` bytes (431 beyond) and must arrive whole within ``idle_timeout_s`` of
+the connection opening or its last answer (else the connection closes), a body within
+``body_timeout_s`` (else 408 and close); ``guard`` (the plane's ``guards.listener("metrics")``)
+caps open connections: one past it is closed at once, counted and logged by the guard.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote
+
+from flowserve.dataplane.guard import ConnectionGuard
 
 log = logging.getLogger("flowserve.observability")
 
@@ -31,9 +39,15 @@ REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Payload Too Large",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
 }
+
+
+MAX_HEAD = 64 * 1024  # bytes of request line and headers
+BODY_TIMEOUT_S = 30.0
 
 
 class _BadRequest(Exception):
@@ -45,17 +59,26 @@ class _BadRequest(Exception):
 class AsgiListener:
     """A started server: ``port`` (the bound one, also when 0 was asked) and ``stop``."""
 
-    def __init__(self, app: ASGIApp, max_body: int = 1 << 20, idle_timeout_s: float = 75.0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body: int = 1 << 20,
+        idle_timeout_s: float = 75.0,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        guard: ConnectionGuard | None = None,
+    ) -> None:
         self.app = app
         self.port = 0
         self.max_body = max_body
         self.idle_timeout_s = idle_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.guard = guard
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> AsgiListener:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=64 * 1024)
+        self._server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEAD)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self
 
@@ -78,6 +101,10 @@ class AsgiListener:
         self._server = None
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        guard = self.guard
+        if guard is not None and not guard.admit():  # full: closed at once, nothing read
+            writer.transport.abort()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
@@ -87,7 +114,11 @@ class AsgiListener:
             while True:
                 try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout_s)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                except asyncio.LimitOverrunError:
+                    text = f"request line and headers exceed {MAX_HEAD} bytes".encode()
+                    await _write(writer, 431, [(b"content-type", b"text/plain")], text, False)
+                    return
+                except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 self._busy.add(task)
                 try:
@@ -100,6 +131,8 @@ class AsgiListener:
             pass
         finally:
             self._connections.discard(task)
+            if guard is not None:
+                guard.release()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -123,7 +156,12 @@ class AsgiListener:
             status = exc.status if isinstance(exc, _BadRequest) else 400
             await _write(writer, status, [(b"content-type", b"text/plain")], str(exc).encode(), False)
             return False
-        body = await reader.readexactly(length) if length else b""
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), self.body_timeout_s) if length else b""
+        except TimeoutError:
+            text = f"request body not received within {self.body_timeout_s:g} s".encode()
+            await _write(writer, 408, [(b"content-type", b"text/plain")], text, False)
+            return False
         connection = dict(headers).get(b"connection", b"").lower()
         keep = connection != b"close" if version == "1.1" else connection == b"keep-alive"
         path, _, query = target.partition("?")

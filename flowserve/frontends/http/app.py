@@ -7,8 +7,10 @@ Every error becomes ``{"error": "..."}`` with the status from :mod:`.errors`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import zlib
 from collections.abc import AsyncIterator
@@ -23,6 +25,7 @@ from flowserve.core.errors import (
     Unsupported,
 )
 from flowserve.dataplane.access import Restrictions, http_category
+from flowserve.dataplane.guard import SMALL
 from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
@@ -30,6 +33,7 @@ from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
 from flowserve.frontends.http.errors import HttpStatusError, error_body, http_status
 from flowserve.frontends.http.generate import generate_events, generate_request, generate_response
 from flowserve.frontends.http.infer import (
+    TOO_DEEP,
     decode_request,
     encode_response,
     is_uint,
@@ -43,11 +47,23 @@ _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 _JOIN_LIMIT = 1 << 20  # bodies above this go out in several chunks instead of one copy
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+INFLATE_STEP = 1 << 20  # bytes inflated per step, each checked against the request size limit
+INFLATE_IN_THREAD = 64 << 10  # compressed bodies above this are inflated in a worker thread
+JSON_IN_THREAD = 1 << 20  # JSON documents above this are parsed in a worker thread, in chunks
+DEFAULT_MAX_JSON_BYTES = 32 << 20  # JSON bodies above this: 413 (use binary tensor data)
+JSON_EXPANSION = 8  # a JSON body becomes about this many times its size in Python objects
+_HELD = "flowserve.held_bytes"  # scope key: the bytes a request holds of the server's ByteBudget
 NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
 
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived: nothing to answer."""
+
+
+class BodyRefused(HttpStatusError):
+    """A request refused before its body was read (over the size limit, or the server's
+    budget of buffered request bytes is spent): answered with ``Connection: close``, so that
+    the server does not read (or wait for) a body nobody will use."""
 
 
 @dataclass(slots=True)
@@ -111,8 +127,13 @@ class HttpApp:
         plane: DataPlane,
         mounts: dict[str, ASGIApp] | None = None,
         restrictions: Restrictions | None = None,
+        max_json_bytes: int | None = None,
     ) -> None:
         self.plane = plane
+        # JSON bodies (or JSON headers of binary requests) over this are refused with 413;
+        # None: DEFAULT_MAX_JSON_BYTES, and never more than the request size limit
+        limit = plane.limits.max_request_bytes
+        self.max_json_bytes = min(DEFAULT_MAX_JSON_BYTES if max_json_bytes is None else max_json_bytes, limit)
         # restricted API categories (--http-restricted-api); empty: nothing is checked
         self.restrictions = restrictions or Restrictions()
         prefixes = {p: p.rstrip("/") for p in mounts or {}}
@@ -141,14 +162,27 @@ class HttpApp:
         if scope["type"] != "http":
             return
         try:
+            await self._serve(scope, receive, send)
+        finally:
+            held = scope.get(_HELD)  # set only for requests of SMALL bytes or more
+            if held:
+                scope[_HELD] = 0
+                self.plane.guards.budget.give(held)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
             reply = await self._route(scope, receive)
             if isinstance(reply, StreamReply):
-                await _send_stream(send, reply)
+                await _send_stream(send, receive, reply)
                 return
         except ClientGone:
             return
         except FlowserveError as exc:
             reply = Reply(http_status(exc), [error_body(exc.message)])
+            if isinstance(exc, BodyRefused):
+                reply.headers.append((b"Connection", b"close"))
+        except RecursionError:  # a document nested too deep for a recursive walk of it
+            reply = Reply(400, [error_body(f"malformed request: {TOO_DEEP}")])
         except Exception as exc:
             log.exception("HTTP %s %s failed", scope["method"], scope["path"])
             reply = Reply(500, [error_body(f"internal error: {type(exc).__name__}: {exc}")])
@@ -232,6 +266,7 @@ class HttpApp:
                 _need(method, "POST", path)
                 doc = await self._json_body(scope, receive, "generate request")
                 request = generate_request(self.plane, name, version, doc)
+                del doc
                 responses = [r async for r in self.plane.stream(request)]
                 if len(responses) != 1:
                     raise Unsupported(
@@ -251,13 +286,19 @@ class HttpApp:
 
     async def _infer(self, model: str, version: str, scope: Scope, receive: Receive) -> Reply:
         headers = read_headers(scope)
-        body = await self._body(headers, receive)
+        body = await self._body(headers, receive, scope)
         if headers.content_encoding and headers.content_encoding != "identity":
-            body = _decompress(body, headers.content_encoding, self.plane.limits.max_request_bytes)
+            body = await self._inflate(body, headers.content_encoding, scope)
         plane = self.plane
         length = headers.header_length
         if length is None:
-            request, plan = decode_request(plane, model, version, parse_json(body, "inference request JSON"))
+            if len(body) <= JSON_IN_THREAD:
+                doc = parse_json(body, "inference request JSON")
+            else:
+                doc = await self._parse_large(body, "inference request JSON", scope)
+            del body  # the tensors decoded from a JSON body are copies
+            request, plan = decode_request(plane, model, version, doc)
+            del doc
         elif length == 0:
             request, plan = raw_request(plane, model, version, memoryview(body))
         else:
@@ -266,7 +307,10 @@ class HttpApp:
                     f"Inference-Header-Content-Length is {length} but the request body has only "
                     f"{len(body)} bytes"
                 )
-            header = parse_json(body[:length], "inference request JSON header")
+            if length <= JSON_IN_THREAD:
+                header = parse_json(body[:length], "inference request JSON header")
+            else:
+                header = await self._parse_large(body[:length], "inference request JSON header", scope)
             request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
         if "http" in plane.header_forward:
             forward_headers(request.parameters, scope["headers"], plane.header_forward["http"])
@@ -344,7 +388,7 @@ class HttpApp:
             return Reply(200, [])
         if action == "unregister":
             _need(method, "POST", path)
-            await self._body(read_headers(scope), receive)
+            await self._body(read_headers(scope), receive, scope)
             shm.unregister(region)
             return Reply(200, [])
         raise NotFound(f"unknown route: {method} {path}")
@@ -368,7 +412,7 @@ class HttpApp:
             return json_reply([])
         if action == "unregister":
             _need(method, "POST", path)
-            await self._body(read_headers(scope), receive)
+            await self._body(read_headers(scope), receive, scope)
             return Reply(200, [])
         raise NotFound(f"unknown route: {method} {path}")
 
@@ -383,19 +427,29 @@ class HttpApp:
 
     # ------------------------------------------------------------------ bodies
 
-    async def _body(self, headers: RequestHeaders, receive: Receive) -> bytes:
+    async def _body(self, headers: RequestHeaders, receive: Receive, scope: Scope) -> bytes:
+        """The whole request body. A declared size over the limit, or one that does not fit
+        the server's budget of buffered request bytes, is refused before anything is read;
+        a chunked body is counted against both as it arrives."""
         limit = self.plane.limits.max_request_bytes
-        if headers.content_length is not None and headers.content_length > limit:
-            raise ResourceExhausted(
-                f"request body of {headers.content_length} bytes exceeds the server's limit of {limit} bytes"
-            )
+        declared = headers.content_length
+        if declared is not None:
+            if declared > limit:
+                raise BodyRefused(
+                    413, f"request body of {declared} bytes exceeds the server's limit of {limit} bytes"
+                )
+            if declared >= SMALL:
+                self._hold(scope, declared, before_body=True)
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
         body: bytes = message.get("body", b"")
         size = len(body)
         if size > limit:
-            raise ResourceExhausted(f"request body exceeds the server's limit of {limit} bytes")
+            raise BodyRefused(413, f"request body exceeds the server's limit of {limit} bytes")
+        held = declared if declared is not None else 0
+        if size > held and size >= SMALL:  # no size declared (chunked), or more than declared
+            held += self._hold(scope, max(size - held, held, SMALL), before_body=True)
         if not message.get("more_body", False):
             return body
         chunks = [body]
@@ -406,19 +460,59 @@ class HttpApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise ResourceExhausted(f"request body exceeds the server's limit of {limit} bytes")
+                raise BodyRefused(413, f"request body exceeds the server's limit of {limit} bytes")
+            if size > held and size >= SMALL:  # at least doubled: a few budget calls per body
+                held += self._hold(scope, max(size - held, held, SMALL), before_body=True)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
+    def _hold(self, scope: Scope, size: int, before_body: bool = False) -> int:
+        """Take ``size`` (>= SMALL) bytes of the server's budget for this request until its
+        answer is sent (``__call__`` gives them back); 503 when they do not fit."""
+        budget = self.plane.guards.budget
+        if not budget.take(size):
+            message = budget.refusal(size)
+            raise BodyRefused(503, message) if before_body else HttpStatusError(503, message)
+        scope[_HELD] = scope.get(_HELD, 0) + size
+        return size
+
+    async def _inflate(self, body: bytes, encoding: str, scope: Scope) -> bytes:
+        """The decompressed body: in bounded steps, each checked against the request size
+        limit, and in a worker thread when the compressed body is large (zlib lets the GIL
+        go while it inflates); the inflated bytes count against the budget too."""
+        limit = self.plane.limits.max_request_bytes
+        if len(body) <= INFLATE_IN_THREAD:
+            out = _decompress(body, encoding, limit)
+        else:
+            out = await asyncio.to_thread(_decompress, body, encoding, limit)
+        if len(out) >= SMALL:
+            self._hold(scope, len(out))
+        return out
+
+    async def _parse_large(self, data: bytes, what: str, scope: Scope) -> Any:
+        """A JSON document over JSON_IN_THREAD bytes: refused over ``max_json_bytes``, its
+        Python objects counted against the budget, parsed in a worker thread in chunks."""
+        size = len(data)
+        if size > self.max_json_bytes:
+            raise ResourceExhausted(
+                f"{what} of {size} bytes exceeds the server's limit of {self.max_json_bytes} bytes "
+                "for JSON; send large tensors as binary data (the binary tensor data extension: "
+                "'binary_data_size' and the Inference-Header-Content-Length header)"
+            )
+        self._hold(scope, size * JSON_EXPANSION)
+        return await asyncio.to_thread(parse_json, data, what, True)
+
     async def _json_body(self, scope: Scope, receive: Receive, what: str) -> Any:
         headers = read_headers(scope)
-        body = await self._body(headers, receive)
+        body = await self._body(headers, receive, scope)
         if headers.content_encoding and headers.content_encoding != "identity":
-            body = _decompress(body, headers.content_encoding, self.plane.limits.max_request_bytes)
+            body = await self._inflate(body, headers.content_encoding, scope)
         if not body.strip():
             return {}
-        return parse_json(body, what)
+        if len(body) <= JSON_IN_THREAD:
+            return parse_json(body, what)
+        return await self._parse_large(body, what, scope)
 
 
 def _category(scope: Scope) -> str | None:
@@ -478,15 +572,28 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     else:
         raise Unsupported(f"unsupported Content-Encoding '{encoding}' (supported: gzip, deflate)")
     inflater = zlib.decompressobj(wbits)
+    parts: list[bytes] = []
+    size = 0
+    data = body
     try:
-        out = inflater.decompress(body, limit + 1)
+        while True:
+            # at most INFLATE_STEP bytes out of each step: a bomb is stopped one step past the
+            # limit, not after inflating all of it
+            part = inflater.decompress(data, INFLATE_STEP)
+            size += len(part)
+            if size > limit:
+                raise ResourceExhausted(
+                    f"decompressed request body exceeds the server's limit of {limit} bytes"
+                )
+            parts.append(part)
+            data = inflater.unconsumed_tail
+            if not data and (inflater.eof or len(part) < INFLATE_STEP):
+                break
     except zlib.error as exc:
         raise InvalidArgument(f"request body is not valid {encoding} data: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise ResourceExhausted(f"decompressed request body exceeds the server's limit of {limit} bytes")
     if not inflater.eof:
         raise InvalidArgument(f"request body is truncated {encoding} data")
-    return out
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _accepted_encoding(accept: str) -> str:
@@ -520,12 +627,40 @@ def _compress(reply: Reply, accept: str) -> None:
 # ------------------------------------------------------------------ sending
 
 
-async def _send_stream(send: Send, reply: StreamReply) -> None:
+async def _send_stream(send: Send, receive: Receive, reply: StreamReply) -> None:
+    """Send the events as they come; a client that goes away (``receive`` answers
+    ``http.disconnect``, on either server) cancels the stream at once, which closes the
+    event generator and with it the graph's work for this request."""
     headers: Headers = [(b"Content-Type", b"text/event-stream"), (b"Cache-Control", b"no-cache")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    async for event in reply.events:
-        await send({"type": "http.response.body", "body": event, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+    pump = asyncio.ensure_future(_pump(send, reply.events))
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not pump.done():  # the client left (or this request is cancelled): stop the stream
+            pump.cancel()
+        await asyncio.wait((pump, watch))
+    if not pump.cancelled():
+        pump.result()  # what went wrong in it, if anything
+
+
+async def _pump(send: Send, events: AsyncIterator[bytes]) -> None:
+    try:
+        async for event in events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:  # stopped while sending: the generator waits at its yield
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _send(send: Send, reply: Reply) -> None:

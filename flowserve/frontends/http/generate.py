@@ -6,7 +6,9 @@ leading batch dimension of 1 when the model batches. Each response is a JSON obj
 ``model_name``, ``model_version``, ``id`` (when given) and one key per output (a scalar when the
 output holds one element). ``generate`` answers once; ``generate_stream`` answers with
 server-sent events, one ``data: {...}`` per response (several for a decoupled model), and an
-error as ``data: {"error": "..."}``, which ends the stream.
+error as ``data: {"error": "..."}``, which ends the stream. A client that disconnects ends the
+stream at once (``app._send_stream`` closes :func:`generate_events`, which closes the plane's
+stream): the graph stops working for nobody.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def generate_request(plane: DataPlane, model: str, version: str, doc: Any) -> In
             raise InvalidArgument(
                 f"unexpected inference input '{key}' for model '{model}', allowed inputs are: {allowed}"
             )
-        data = np.asarray(value, dtype=object) if spec["datatype"] == "BYTES" else np.asarray(value)
+        try:
+            data = np.asarray(value, dtype=object) if spec["datatype"] == "BYTES" else np.asarray(value)
+        except (ValueError, TypeError, RecursionError) as exc:  # ragged, or nested too deep
+            raise InvalidArgument(f"input '{key}' of model '{model}': {exc}") from None
         shape = list(data.shape) or [1]
         dims = spec["shape"]
         if len(dims) == len(shape) + 1:  # the model batches: a batch of one
@@ -70,8 +75,15 @@ def _plain(x: Any) -> Any:
 
 async def generate_events(plane: DataPlane, request: InferRequest) -> AsyncIterator[bytes]:
     """The server-sent events of ``generate_stream``."""
+    stream = plane.stream(request)
     try:
-        async for response in plane.stream(request):
+        async for response in stream:
             yield b"data: " + jsonfmt.dumps(generate_response(response)) + b"\n\n"
     except FlowserveError as exc:
         yield b"data: " + jsonfmt.dumps({"error": exc.message}) + b"\n\n"
+    finally:
+        # closed at once (the client went away: the HTTP side closes this generator), so the
+        # graph's work for this request is cancelled now, not when the collector finds it
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()

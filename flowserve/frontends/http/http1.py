@@ -45,13 +45,23 @@ from urllib.parse import unquote
 
 import httptools
 
+from flowserve.dataplane.guard import ConnectionGuard
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
 
 log = logging.getLogger("flowserve.http")
 
 MAX_PIPELINED = 16  # requests parsed and waiting behind the one being answered
 MAX_HEAD = 64 << 10  # bytes of request line and headers (beyond: 431 and the connection closes)
+MAX_HEADERS = 256  # header lines of one request (beyond: 431 and the connection closes)
 BODY_HIGH_WATER = 4 << 20  # unread request body bytes before reading pauses
+QUEUED_BODY_HIGH_WATER = 64 << 10  # ... for a pipelined request waiting behind another one
+IDLE_TIMEOUT_S = 75.0  # no request on a kept-alive connection, or a request head incomplete
+BODY_TIMEOUT_S = 30.0  # a request body with no progress while the server waits for it
+LINGER_S = 2.0  # a connection closed with a request body still arriving: read and drop it this long
+_FULL = (  # the canned answer to a connection past the listener's cap
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 29\r\n"
+    b"connection: close\r\n\r\nserver connection limit hit\r\n"
+)
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -124,11 +134,23 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._broken = False  # the parser failed or stopped: later bytes are not read
         self._head_bytes = 0
+        self._admitted = False  # holds a slot of the server's ConnectionGuard
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_seen = 0  # on_body calls: progress, as the body timer sees it
+        self._body_mark = 0  # ... when the body timer was armed
 
     # ------------------------------------------------------------------ transport events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        guard = self.server.guard
+        if guard is not None:
+            if not guard.admit():  # full: a canned answer, nothing parsed, closed
+                self._broken = self.gone = True
+                transport.write(_FULL)
+                transport.close()
+                return
+            self._admitted = True
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -142,9 +164,17 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
+        if self._admitted:
+            self._admitted = False
+            guard = self.server.guard
+            if guard is not None:
+                guard.release()
         self.server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         for request in (self.current, self.parsing, *self.waiting):
             if request is not None:
                 _wake(request)
@@ -157,6 +187,9 @@ class Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+            if self.parsing is not None and self._body_timer is None and not self._broken:
+                # a body is still to come (rare for a small request: it came with its head)
+                self._arm_body()
         except httptools.HttpParserUpgrade:
             # an upgrade (h2c, websocket) this server does not do: the request was parsed
             # and is answered as plain HTTP/1.1; the connection closes after it
@@ -166,6 +199,8 @@ class Connection(asyncio.Protocol):
             self._broken = True
             if self._head_bytes > MAX_HEAD:
                 self._bad_request(f"request line and headers exceed {MAX_HEAD} bytes", 431)
+            elif len(self._headers) > MAX_HEADERS:
+                self._bad_request(f"a request has more than {MAX_HEADERS} header lines", 431)
             else:
                 self._bad_request(f"malformed HTTP request: {exc}")
 
@@ -189,7 +224,10 @@ class Connection(asyncio.Protocol):
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
+        headers = self._headers
+        headers.append((name.lower(), value))
+        if len(headers) > MAX_HEADERS:
+            raise ValueError("too many headers")  # the parser stops: data_received answers 431
         self._count_head(len(name) + len(value) + 4)
 
     def _count_head(self, size: int) -> None:
@@ -244,9 +282,10 @@ class Connection(asyncio.Protocol):
         request = self.parsing
         if request is None or request.discard:
             return
+        self._body_seen += 1
         request.body.append(body)
         request.buffered += len(body)
-        if request.buffered > BODY_HIGH_WATER:
+        if request.buffered > (BODY_HIGH_WATER if request is self.current else QUEUED_BODY_HIGH_WATER):
             self._pause()
         _wake(request)
 
@@ -256,6 +295,9 @@ class Connection(asyncio.Protocol):
             request.complete = True
             _wake(request)
         self.parsing = None
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     # ------------------------------------------------------------------ running requests
 
@@ -292,13 +334,16 @@ class Connection(asyncio.Protocol):
             request.body.clear()
             request.buffered = 0
         if not request.keep_alive or self.closing:
-            self._close()
+            if self.parsing is request:  # its body is still arriving: drop it, then close
+                self._linger()
+            else:
+                self._close()
             return
-        self._resume()
         if self.waiting:
             self._start(self.waiting.popleft())
         else:
             self._arm_idle()
+        self._resume()
 
     async def _receive(self, request: _Request) -> Message:
         while True:
@@ -344,6 +389,9 @@ class Connection(asyncio.Protocol):
                 lines.append(b"%s: %s\r\n" % (name, value))
                 if len(name) == 14 and name.lower() == b"content-length":
                     length = int(value)
+                elif len(name) == 10 and name.lower() == b"connection" and value.lower() == b"close":
+                    request.keep_alive = False  # the app closes it (a body it will not read)
+                    lines.pop()
             request.length = length
             # stopping, an upgrade asked for, or a body that may never come: close after this
             if self.closing or _body_unasked(request):
@@ -424,14 +472,60 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume(self) -> None:
+        parsing = self.parsing
         if (
             self._paused
             and self.transport is not None
+            and not self._broken
             and len(self.waiting) < MAX_PIPELINED
-            and (self.parsing is None or self.parsing.buffered <= BODY_HIGH_WATER)
+            and (
+                parsing is None
+                or parsing.buffered
+                <= (BODY_HIGH_WATER if parsing is self.current else QUEUED_BODY_HIGH_WATER)
+            )
         ):
             self._paused = False
             self.transport.resume_reading()
+
+    def _arm_body(self) -> None:
+        self._body_mark = self._body_seen
+        self._body_timer = self.loop.call_later(self.server.body_timeout_s, self._body_check)
+
+    def _body_check(self) -> None:
+        """The body timer: a request body that made no progress for ``body_timeout_s`` while
+        the server was reading it ends with 408 and the connection closes. Time the server
+        itself did not read (paused: the app has not asked, or requests wait ahead of it;
+        100-continue not yet sent) does not count."""
+        self._body_timer = None
+        request = self.parsing
+        if request is None or self.gone or self._broken:
+            return
+        if (
+            self._paused
+            or self._body_seen != self._body_mark
+            or (request.expect_continue and not request.continue_sent)
+        ):
+            self._arm_body()
+            return
+        self._broken = True
+        self._bad_request(f"request body not received: no progress for {self.server.body_timeout_s:g} s", 408)
+
+    def _linger(self) -> None:
+        """Close a connection whose request body is still arriving without resetting it (a
+        close with unread bytes sends RST, and the client may lose the answer): the answer is
+        followed by our end of the stream, what the client still sends is dropped unparsed,
+        and the connection closes when the client closes its end or after ``LINGER_S``."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._broken = True
+        self.parsing = None
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER_S, self._close)
 
     def _arm_idle(self) -> None:
         if self._idle is not None:
@@ -473,11 +567,25 @@ def _wake(request: _Request) -> None:
 
 
 class Http1Server:
-    """Serves an ASGI app over HTTP/1.1 on a bound socket, in the running loop."""
+    """Serves an ASGI app over HTTP/1.1 on a bound socket, in the running loop.
 
-    def __init__(self, app: ASGIApp, idle_timeout_s: float = 75.0) -> None:
+    ``idle_timeout_s``: a kept-alive connection with no request, or a request head not
+    complete, this long after the connection opened or its last answer, is closed.
+    ``body_timeout_s``: a request body with no progress for this long gets 408 and the
+    connection closes. ``guard``: the listener's connection cap (connections past it get a
+    canned 503 and are closed before anything is parsed)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        guard: ConnectionGuard | None = None,
+    ) -> None:
         self.app = app
         self.idle_timeout_s = idle_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.guard = guard
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
 

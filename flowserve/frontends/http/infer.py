@@ -31,6 +31,7 @@ _HALF_TYPES = frozenset(("FP16", "BF16"))
 _FIXED_SIZE = {name: to_numpy(name) for name in DATATYPES if name != "BYTES"}
 _SEQUENCE_FLAGS = ("sequence_start", "sequence_end")
 _UINT_PARAMETERS = ("priority", "timeout")
+TOO_DEEP = "JSON nested too deeply"
 
 
 @dataclass(slots=True)
@@ -64,13 +65,17 @@ class EncodedResponse:
 # ------------------------------------------------------------------ request
 
 
-def parse_json(data: bytes | bytearray, what: str) -> Any:
+def parse_json(data: bytes | bytearray, what: str, chunked: bool = False) -> Any:
+    """The JSON document ``data``; InvalidArgument when it is malformed or nested too deep.
+    ``chunked``: parse it in chunks (a large body, in a worker thread)."""
     try:
-        return jsonfmt.loads(data)
+        return jsonfmt.loads_chunked(data) if chunked else jsonfmt.loads(data)
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"malformed {what}: not UTF-8 ({exc.reason})") from None
     except ValueError as exc:
         raise InvalidArgument(f"malformed {what}: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument(f"malformed {what}: {TOO_DEEP}") from None
 
 
 def decode_request(
