@@ -1,6 +1,8 @@
 """flowserve's own HTTP/1.1 server (frontends/http/http1.py) over raw sockets, in process: the
 protocol cases a client library does not show (pipelining, 100-continue, chunked both ways,
-HTTP/1.0, malformed requests, disconnects, back-pressure, idle timeout). Every HTTP suite of
+HTTP/1.0, malformed requests, disconnects, back-pressure, idle timeout) and its bounds (header
+lines, stalled bodies, the connection cap, pipelined bodies, closing before a body ends).
+Every HTTP suite of
 the conformance tests also runs over it, as it is the default server."""
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ from typing import Any
 
 import pytest
 
-from flowserve.frontends.http.http1 import BODY_HIGH_WATER, MAX_HEAD, Http1Server
+from flowserve.dataplane.guard import ConnectionGuard
+from flowserve.frontends.http.http1 import (
+    _CONTINUE,
+    BODY_HIGH_WATER,
+    LINGER_S,
+    MAX_HEAD,
+    MAX_HEADERS,
+    QUEUED_BODY_HIGH_WATER,
+    Http1Server,
+)
 
 
 class App:
     """Echoes the body; '/stream' streams three chunks with no Content-Length; '/fail' raises;
-    '/early' answers without reading the body; '/hold' waits for ``release``."""
+    '/early' answers without reading the body; '/hold' waits for ``release``, '/later' too but
+    before it reads the body."""
 
     def __init__(self) -> None:
         self.active = 0
@@ -42,6 +54,8 @@ class App:
                 await send({"type": "http.response.body", "body": b""})
                 return
             body = b""
+            if path == "/later":
+                await self.release.wait()
             if path != "/early":
                 while True:
                     message = await receive()
@@ -314,3 +328,147 @@ async def test_a_malformed_body_ends_the_request_reading_it(served: tuple[Http1S
     assert await asyncio.wait_for(reader.read(), 5) == b""
     await asyncio.wait_for(app.disconnected.wait(), 5)  # the app's receive() saw the disconnect
     writer.close()
+
+
+# ------------------------------------------------------------------ bounds (hardening)
+
+
+async def start_server(app: Any, **options: Any) -> tuple[Http1Server, int]:
+    """An Http1Server for ``app`` on a free 127.0.0.1 port, with ``options``; stop it after."""
+    server = Http1Server(app, **options)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    await server.start(sock)
+    return server, int(sock.getsockname()[1])
+
+
+async def until(condition: Any, seconds: float = 5) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+async def test_too_many_header_lines_is_431(conn: Stream) -> None:
+    reader, writer = conn
+    writer.write(b"GET /h HTTP/1.1\r\n" + b"X: y\r\n" * (MAX_HEADERS + 1) + b"\r\n")
+    status, headers, body = await read_response(reader)
+    assert status == 431 and headers[b"connection"] == b"close" and str(MAX_HEADERS).encode() in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+
+
+async def test_a_stalled_body_gets_408_and_a_trickled_one_lives() -> None:
+    app = App()
+    server, port = await start_server(app, body_timeout_s=0.3)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/echo", b"0123456789")[:-5])  # and the other five bytes never come
+        status, headers, body = await read_response(reader)
+        assert (status, headers[b"connection"]) == (408, b"close") and b"no progress" in body
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.wait_for(app.disconnected.wait(), 5)  # the app's receive() saw it end
+        writer.close()
+        # a body that keeps coming, however slowly, is not cut off
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/echo", b"0123456789")[:-8])
+        for byte in b"23456789":
+            await asyncio.sleep(0.1)
+            writer.write(bytes([byte]))
+        assert (await read_response(reader))[:3:2] == (201, b"POST /echo 0123456789")
+        writer.close()
+        # a body the app has not asked for yet (waiting for 100-continue) does not time out
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/later", b"", "Expect: 100-continue").replace(b"Length: 0", b"Length: 2"))
+        await asyncio.sleep(0.7)
+        app.release.set()
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == _CONTINUE
+        writer.write(b"ok")
+        assert (await read_response(reader))[2] == b"POST /later ok"
+        writer.close()
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_connections_past_the_cap_are_refused_and_slots_come_back() -> None:
+    guard = ConnectionGuard("http", limit=3)
+    server, port = await start_server(App(), guard=guard)
+    try:
+        clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        for reader, writer in clients:  # all three are served
+            writer.write(post("/x", b"1"))
+            assert (await read_response(reader))[0] == 201
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        status, headers, _ = await read_response(reader)  # refused before it sends anything
+        assert (status, headers[b"connection"]) == (503, b"close") and guard.refused == 1
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        clients[0][1].close()
+        await until(lambda: guard.open == 2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/again", b"2"))
+        assert (await read_response(reader))[2] == b"POST /again 2"
+        writer.close()
+        for _, other in clients[1:]:
+            other.close()
+        await until(lambda: guard.open == 0)  # each released exactly once
+        assert guard.opened == 4
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_a_pipelined_body_waiting_behind_a_request_is_bounded(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    server, app, port = served
+    big = b"b" * (4 * QUEUED_BODY_HIGH_WATER + 3 * (1 << 20))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/hold", b"h") + post("/big", big))
+    await until(lambda: app.active == 1)
+    await asyncio.sleep(0.3)  # the server reads what it will of the second request
+    (connection,) = server.connections
+    queued = sum(r.buffered for r in connection.waiting)
+    assert queued <= QUEUED_BODY_HIGH_WATER + (1 << 20), queued  # + at most one read's bytes
+    app.release.set()
+    assert (await read_response(reader))[2] == b"POST /hold h"
+    assert (await read_response(reader))[2] == b"POST /big " + big
+    writer.close()
+
+
+class Refuses:
+    """Answers 413 with ``Connection: close`` without reading the body (as the app does for a
+    body it will not buffer)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-length", b"2"), (b"Connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": b"no"})
+
+
+async def test_an_answer_that_closes_before_the_body_does_not_reset_the_client() -> None:
+    server, port = await start_server(Refuses())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/r", b"x" * (8 << 20))[: 1 << 20])  # a big body, one eighth sent so far
+        status, headers, body = await read_response(reader)
+        assert (status, body, headers[b"connection"]) == (413, b"no", b"close")
+        writer.write(b"x" * (1 << 20))  # still sending: dropped, not parsed, no reset
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # then the server's end closes
+        writer.close()
+        await until(lambda: not server.connections, LINGER_S + 3)
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_a_stream_to_a_client_that_went_away_does_not_block(
+    served: tuple[Http1Server, App, int],
+) -> None:
+    server, app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    await read_response(reader)
+    writer.transport.abort()
+    await until(lambda: not server.connections)
+    assert app.active == 0
