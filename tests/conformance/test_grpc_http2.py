@@ -27,6 +27,7 @@ from flowserve.frontends.grpc.http2 import (
     frame,
     grpc_timeout_s,
 )
+from tests.h2raw import RawClient, parse_frames, request_headers, rst_codes
 
 SERVICE = "/test.Echo/"
 
@@ -244,13 +245,7 @@ async def test_non_grpc_content_type_is_415(echo_server: Any) -> None:
 
 
 def _frames(data: bytes) -> list[tuple[int, bytes]]:
-    out = []
-    pos = 0
-    while pos + 9 <= len(data):
-        length = int.from_bytes(data[pos : pos + 3], "big")
-        out.append((data[pos + 3], data[pos + 9 : pos + 9 + length]))
-        pos += 9 + length
-    return out
+    return [(f.type, f.payload) for f in parse_frames(data)]
 
 
 def _frame_types(data: bytes) -> list[int]:
@@ -299,14 +294,7 @@ def test_indexed_fast_path_decodes_as_hpack_does() -> None:
 
 
 def _request_headers(path: str) -> bytes:
-    import hpack
-
-    return bytes(
-        hpack.Encoder().encode(
-            [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
-             ("content-type", "application/grpc"), ("te", "trailers")]
-        )
-    )  # fmt: skip
+    return request_headers(path)
 
 
 def _read_frames(sock: socket.socket, seconds: float) -> list[tuple[int, int, bytes]]:
@@ -318,13 +306,7 @@ def _read_frames(sock: socket.socket, seconds: float) -> list[tuple[int, int, by
             data += chunk
     except TimeoutError:
         pass
-    out, pos = [], 0
-    while pos + 9 <= len(data):
-        length = int.from_bytes(data[pos : pos + 3], "big")
-        sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-        out.append((data[pos + 3], sid, data[pos + 9 : pos + 9 + length]))
-        pos += 9 + length
-    return out
+    return [(f.type, f.sid, f.payload) for f in parse_frames(data)]
 
 
 async def test_connection_window_is_withheld_while_requests_wait_undelivered(
@@ -382,23 +364,36 @@ async def test_a_refused_call_is_reset_only_while_the_client_still_sends(echo_se
 
 
 async def test_frames_for_an_ended_stream_leave_the_connection_up(echo_server: Any) -> None:
+    """Frames the client sent before it knew of this side's reset are ignored; DATA on a
+    stream that ended normally is a stream error (STREAM_CLOSED), not a connection error."""
     server, _, _ = echo_server
     echo = _request_headers(SERVICE + "echo")
+    unknown = _request_headers("/test.Echo/nope")
     message = b"\x00" + (3).to_bytes(4, "big") + b"abc"
 
     def exchange() -> list[tuple[int, int, bytes]]:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(PREFACE + frame(4, 0, 0) + frame(1, 0x4, 1, echo) + frame(0, 0x1, 1, message))
-            first = _read_frames(sock, 0.3)
-            # late frames for stream 1 (ended and forgotten here), then a new call on stream 3
-            sock.sendall(frame(1, 0x5, 1, echo) + frame(0, 0x1, 1, message))
-            sock.sendall(frame(1, 0x4, 3, echo) + frame(0, 0x1, 3, message))
-            return first + _read_frames(sock, 0.3)
+        with RawClient(server.port) as client:
+            client.handshake()
+            # stream 1 ends normally; stream 3 is answered (and reset) before the client ends it
+            client.send(frame(1, 0x4, 1, echo) + frame(0, 0x1, 1, message) + frame(1, 0x4, 3, unknown))
+            client.read(0.3)
+            # late frames: DATA for 1 (closed: STREAM_CLOSED), DATA and trailers for 3 (ignored)
+            client.send(frame(0, 0x1, 1, message) + frame(0, 0, 3, message) + frame(1, 0x5, 3, echo))
+            client.send(frame(1, 0x4, 5, echo) + frame(0, 0x1, 5, message))
+            return [(f.type, f.sid, f.payload) for f in client.read(0.3)]
 
     frames = await asyncio.to_thread(exchange)
     answered = [sid for ftype, sid, payload in frames if ftype == 0]
-    assert answered == [1, 3]  # one DATA (the echo) each; no GOAWAY
+    assert answered == [1, 5]  # one DATA (the echo) each; no GOAWAY
     assert all(ftype != 7 for ftype, _, _ in frames)
+    assert rst_codes([_as_frame(f) for f in frames], 1) == [5]  # STREAM_CLOSED
+    assert rst_codes([_as_frame(f) for f in frames], 3) == [0]  # NO_ERROR, only the one
+
+
+def _as_frame(f: tuple[int, int, bytes]) -> Any:
+    from tests.h2raw import Frame
+
+    return Frame(f[0], 0, f[1], f[2])
 
 
 def test_inflate_stops_at_the_limit() -> None:

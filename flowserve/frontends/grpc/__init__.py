@@ -29,6 +29,8 @@ from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.http2 import (
     COMPRESSION_LEVELS,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
     Http2GrpcServer,
     ResponseCompression,
     service_methods,
@@ -80,6 +82,9 @@ async def start_grpc(
     server: str = "native",
     tls: GrpcTls | None = None,
     response_compression: str = "none",
+    *,
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
     ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
@@ -87,7 +92,11 @@ async def start_grpc(
     (``--grpc-use-ssl``, see ``tls.py``); ``response_compression``: Triton's
     ``--grpc-infer-response-compression-level`` (none, low, medium, high): inference responses
     are compressed with gzip or deflate as the client accepts (grpcio: gzip at its own level,
-    for every rpc)."""
+    for every rpc); ``handshake_timeout_s``: a connection's TLS handshake, HTTP/2 preface and
+    first SETTINGS must be done within it; ``idle_timeout_s``: a connection with no call and no
+    frame for that long is closed (both: the native transport; 0: no timeout). The native
+    transport also takes the plane's connection cap (``plane.guards.listener("grpc")``) and
+    buffered-request budget (``plane.guards.budget``)."""
     if response_compression not in COMPRESSION_LEVELS:
         raise ValueError(
             f"unknown response compression level '{response_compression}' "
@@ -95,7 +104,9 @@ async def start_grpc(
         )
     if server == "native":
         compression = ResponseCompression(COMPRESSION_LEVELS[response_compression], INFER_METHODS)
-        return await _start_native(plane, host, port, restrictions, tls, compression)
+        return await _start_native(
+            plane, host, port, restrictions, tls, compression, handshake_timeout_s, idle_timeout_s
+        )
     if server != "grpcio":
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
@@ -128,6 +139,8 @@ async def _start_native(
     restrictions: Restrictions | None,
     tls: GrpcTls | None,
     compression: ResponseCompression,
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
 ) -> GrpcListener:
     gate = None
     if restrictions:
@@ -138,7 +151,16 @@ async def _start_native(
 
     methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
     methods.update(health.native_methods(health.HealthServicer(plane)))
-    native = Http2GrpcServer(methods, min(plane.limits.max_request_bytes, 2**31 - 1), gate, compression)
+    native = Http2GrpcServer(
+        methods,
+        min(plane.limits.max_request_bytes, 2**31 - 1),
+        gate,
+        compression,
+        guard=plane.guards.listener("grpc"),
+        budget=plane.guards.budget,
+        handshake_timeout_s=handshake_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+    )
     try:
         bound = await native.start(host, port, tls.ssl_context() if tls is not None else None)
     except OSError as exc:

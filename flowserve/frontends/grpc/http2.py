@@ -19,13 +19,63 @@ given back as data arrives, or, on a stream whose reader lags, as it reads; send
 peer's windows), CONTINUATION, padding, priority fields (ignored), unary and bidirectional
 streaming calls, gzip/deflate compressed requests (``grpc-encoding``), message size limits
 (RESOURCE_EXHAUSTED; compressed messages inflate only up to the limit), unknown methods
-(UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), bounded memory
-per connection (request bytes waiting undelivered, streams, header blocks), TLS when the
+(UNIMPLEMENTED), graceful stop (GOAWAY, then the calls in flight may finish), TLS when the
 server is given an ``ssl.SSLContext`` (ALPN ``h2``; see ``tls.py``), compressed responses
 when the server is given a :class:`ResponseCompression` (gzip or deflate, as the client
 accepts). Not covered: server push (gRPC does not use it). A call's ``grpc-timeout`` (the
 client's deadline) bounds it here too: past it the call is cancelled and ends with
-DEADLINE_EXCEEDED, whether or not the client resets the stream itself.
+DEADLINE_EXCEEDED, whether or not the client resets the stream itself; a malformed one (the
+spec: 1-8 ASCII digits and a unit) ends the call with INTERNAL.
+
+Protocol errors follow RFC 9113 (sections 5.1, 5.4 and 6): a frame of the wrong length, bad
+padding, a frame on stream 0 that needs a stream (or the reverse), DATA or RST_STREAM on a
+stream that was never opened, a new stream id lower than one already used, a first frame
+that is not SETTINGS, bad SETTINGS values and window overflows end the connection with a
+GOAWAY of the RFC's code; errors confined to one stream (DATA after the client ended it,
+WINDOW_UPDATE of 0 or past 2^31-1 on a stream, a stream depending on itself) reset only that
+stream. Frames still in flight for a stream this side reset are ignored (the last
+``RECENT_RESETS`` such streams are remembered). An unexpected exception while handling frames
+is logged in one line and ends the connection with GOAWAY INTERNAL_ERROR, never a traceback.
+
+What no client can make this side hold or do without bound (the attacks each bound answers):
+
+- output: bytes queued for a peer that does not read (PING or SETTINGS floods, requests whose
+  answers are larger than they are): past the transport's high-water mark this side stops
+  reading the socket (``pause_reading``) until the peer drains it, so answers never pile up
+  faster than the peer takes them; ``MAX_WRITE_BUFFER`` past that closes the connection with
+  GOAWAY ENHANCE_YOUR_CALM. Messages echo at most ``MAX_ECHO`` bytes of a client's path or
+  encoding, and grpc-message is cut at ``MAX_STATUS_MESSAGE`` bytes.
+- responses waiting for the peer's flow-control windows: ``SEND_AHEAD`` per stream (a
+  streaming call waits), ``CONN_SEND_AHEAD`` per connection (streaming calls wait, new streams
+  are refused with REFUSED_STREAM, which clients retry), ``CONN_SEND_HARD`` (with more than one
+  stream blocked: GOAWAY ENHANCE_YOUR_CALM and close, which frees it all).
+- requests: bytes received and not yet delivered (the connection window is withheld past
+  ``Http2GrpcServer.max_buffered``), a message whose 5-byte prefix declares more than the
+  message limit is refused from the prefix (RESOURCE_EXHAUSTED at once, the rest of its data
+  ignored), and every message of ``guard.SMALL`` bytes or more takes its declared size from the
+  server-wide :class:`~flowserve.dataplane.guard.ByteBudget` until it is parsed (or its stream
+  dies); one that does not fit is refused with RESOURCE_EXHAUSTED before its bytes arrive.
+- compressed requests inflate up to ``INFLATE_INLINE`` bytes on the loop (every small message);
+  a message that inflates further finishes inflating in a thread, never past the message limit,
+  so a compression bomb cannot stall the loop.
+- headers: ``MAX_HEADER_BLOCK`` encoded bytes and ``MAX_CONTINUATIONS`` frames per header block,
+  ``MAX_HEADER_LIST`` decoded bytes (name + value + 32 each, RFC 9113 section 6.5.2; advertised as
+  SETTINGS_MAX_HEADER_LIST_SIZE; a larger list is answered RESOURCE_EXHAUSTED, one over twice
+  that ends the connection as hpack stops decoding it), and ``MAX_HEADERS_HELD`` decoded bytes
+  held by the open streams of a connection (new streams past it: REFUSED_STREAM).
+- CPU: streams opened and reset by the client before they ended (the "rapid reset" attack,
+  CVE-2023-44487) take tokens from a per-connection bucket (``RESET_BURST``, refilled at
+  ``RESET_RATE`` a second), and so do streams opened past the advertised concurrency; control
+  frames that carry no request (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM of a closed
+  stream, empty DATA, HEADERS or CONTINUATION fragments, unknown types) take tokens from another
+  (``CONTROL_BURST``, ``CONTROL_RATE``). An empty bucket ends the connection with GOAWAY
+  ENHANCE_YOUR_CALM. Both read the loop's clock only when a bucket runs out.
+- connections: ``Http2GrpcServer`` may take a :class:`~flowserve.dataplane.guard.ConnectionGuard`
+  (a connection past its cap is closed at once); the preface and the client's first SETTINGS
+  must arrive within ``handshake_timeout_s`` (a TLS handshake within the same time, through
+  ``create_server``'s ``ssl_handshake_timeout``); a connection with no open stream and no frame
+  for ``idle_timeout_s`` (closed between one and two times that) gets GOAWAY NO_ERROR and is
+  closed. A connection that is closed or reset cancels its calls.
 """
 
 from __future__ import annotations
@@ -43,6 +93,8 @@ import grpc
 import hpack
 from google.protobuf.message import DecodeError
 
+from flowserve.dataplane.guard import SMALL, ByteBudget, ConnectionGuard
+
 log = logging.getLogger("flowserve.grpc")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -56,13 +108,16 @@ PRIORITY_FLAG = 0x20
 # error codes (RFC 9113 section 7)
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
+ENHANCE_YOUR_CALM = 11
 # settings identifiers
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
+MAX_HEADER_LIST_SIZE = 6
 
 _FRAME = struct.Struct(">BHBBL")  # length (24 bits as 8 + 16), type, flags, stream id
 _SETTING = struct.Struct(">HL")
 _WINDOW = struct.Struct(">L")
 _GOAWAY = struct.Struct(">LL")
+MAX_WINDOW = 2**31 - 1
 
 DEFAULT_WINDOW = 65_535
 # what this server lets a peer send ahead: per stream, and on the connection as a whole
@@ -74,9 +129,39 @@ QUEUE_AHEAD = 64
 MAX_STREAMS = 4096
 MAX_FRAME_IN = 16_384  # the protocol default; not raised, so frames stay small to parse
 MAX_HEADER_BLOCK = 64 * 1024  # one request's header block, CONTINUATION frames included
-ENHANCE_YOUR_CALM = 11
+MAX_CONTINUATIONS = 64  # CONTINUATION frames in one header block (4 carry the largest block)
+MAX_HEADER_LIST = 64 * 1024  # one request's decoded header list (name + value + 32 per field)
+MAX_HEADERS_HELD = 8 * 1024 * 1024  # decoded header bytes held by the open streams of a connection
 # bytes of one stream's responses waiting for the peer's window before the servicer waits
 SEND_AHEAD = 4 * 1024 * 1024
+# the same over all streams of a connection: streaming calls wait, new streams are refused
+CONN_SEND_AHEAD = 64 * 1024 * 1024
+# ... and past this (with more than one stream waiting) the connection is closed
+CONN_SEND_HARD = 256 * 1024 * 1024
+# bytes of frames queued in one loop iteration before they go to the transport at once (where
+# its high-water mark pauses reading)
+MAX_PENDING_OUT = 1024 * 1024
+# bytes in the transport's buffer, the peer not reading, past which the connection is closed
+MAX_WRITE_BUFFER = 256 * 1024 * 1024
+# request bytes read while reading is paused (a TLS transport may still deliver some)
+MAX_STALLED_IN = 4 * 1024 * 1024
+# control frames a connection may send at once, and per second after that
+CONTROL_BURST = 10_000
+CONTROL_RATE = 10_000.0
+# streams a client may reset before they ended (or open past MAX_STREAMS) at once, and per second
+RESET_BURST = 1_000
+RESET_RATE = 200.0
+# streams this side reset whose late frames are ignored (older ones get STREAM_CLOSED)
+RECENT_RESETS = 256
+# grpc-message bytes (percent-encoded), and bytes of a client's path or encoding echoed in one
+MAX_STATUS_MESSAGE = 4096
+MAX_ECHO = 128
+# bytes a compressed message inflates to on the loop; past this it inflates in a thread
+INFLATE_INLINE = 256 * 1024
+# seconds a connection that was told to go away may take to read it before it is cut
+CLOSE_GRACE_S = 2.0
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 300.0
 
 # grpc-encoding -> zlib's wbits (None: the message is not compressed)
 _ENCODINGS: dict[bytes, int | None] = {
@@ -130,22 +215,66 @@ def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
     return out
 
 
+class _Refused(Exception):
+    """A request message answered with ``code`` instead of being delivered."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _inflate_rest(inflater: Any, head: bytes, limit: int, parse: Callable[[bytes], Any]) -> Any:
+    """Finish inflating a message (in a thread: zlib and protobuf release the GIL) and parse it."""
+    try:
+        out = head + inflater.decompress(inflater.unconsumed_tail, limit + 1 - len(head))
+        if len(out) > limit:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit} bytes inflated)",
+            )
+        if not inflater.eof:
+            raise zlib.error("the compressed message ends early")
+        return parse(out)
+    except (DecodeError, zlib.error) as exc:
+        raise _Refused(grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}") from None
+
+
+class _Later:
+    """A request message still inflating (in a thread): its task gives the parsed message."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A done callback: the task's exception is seen (a message nobody waited for any more)."""
+    if not task.cancelled():
+        task.exception()
+
+
 # request headers that are transport, not call metadata (grpc.aio leaves them out as well)
 _NOT_METADATA = frozenset(
     {b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
 )
 
 
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
 def grpc_timeout_s(value: str | None) -> float | None:
     """A ``grpc-timeout`` header in seconds ("100m": 0.1); None when absent or malformed
-    (the gRPC spec: at most 8 digits, then one of H M S m u n)."""
-    if not value or not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+    (the gRPC spec: 1 to 8 ASCII digits, then one of H M S m u n; Python's ``int`` would also
+    take other scripts' digits, which the spec does not)."""
+    if not value or not 2 <= len(value) <= 9:
         return None
-    unit = _TIMEOUT_UNITS.get(value[-1].encode())
-    return None if unit is None else int(value[:-1]) * unit
+    digits = value[:-1]
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1])
+    return None if unit is None else int(digits) * unit
 
 
 def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -173,9 +302,22 @@ def literal(name: bytes, value: bytes) -> bytes:
 
 
 def _percent(message: str) -> bytes:
-    """grpc-message's percent-encoding (bytes outside printable ASCII, and '%')."""
-    raw = message.encode("utf-8")
-    return b"".join(bytes([c]) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c for c in raw)
+    """grpc-message's percent-encoding (bytes outside printable ASCII, and '%'), at most
+    ``MAX_STATUS_MESSAGE`` bytes (an escape is never cut in two)."""
+    raw = message.encode("utf-8")[:MAX_STATUS_MESSAGE]
+    out = b"".join(bytes([c]) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c for c in raw)
+    if len(out) > MAX_STATUS_MESSAGE:
+        out = out[:MAX_STATUS_MESSAGE]
+        cut = out.find(b"%", MAX_STATUS_MESSAGE - 2)
+        if cut >= 0:
+            out = out[:cut]
+    return out
+
+
+def _shown(name: bytes) -> str:
+    """A client's name (a path, an encoding) as a message may echo it: at most ``MAX_ECHO`` bytes."""
+    text = name[:MAX_ECHO].decode("latin-1")
+    return text + "..." if len(name) > MAX_ECHO else text
 
 
 _CONTENT_TYPE = literal(b"content-type", b"application/grpc")
@@ -191,13 +333,32 @@ def status_block(code: grpc.StatusCode, message: str | None) -> bytes:
     return block
 
 
-def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
-    """A request's header fields. When every field is indexed, each in one byte (a C-core
-    client's steady state), table lookups, which leave the table as it is, as decoding would."""
+def header_list_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """A header list's size as RFC 9113 section 6.5.2 counts it (name + value + 32 per field)."""
+    return sum(len(k) + len(v) for k, v in headers) + 32 * len(headers)
+
+
+def decode_headers(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+    """A request's header fields, and their decoded size (0 when a block of indexed fields is
+    known to be under ``MAX_HEADER_LIST`` without counting: its fields are the table's own
+    entries, no new bytes). When every field is indexed, each in one byte (a C-core client's
+    steady state), table lookups, which leave the table as it is, as decoding would; hpack
+    itself stops at ``decoder.max_header_list_size``."""
     if 0 < len(block) <= 64 and min(block) >= 0x80 and max(block) < 0xFF:
-        get = decoder.header_table.get_by_index
-        return [get(b & 0x7F) for b in block]
-    return list(decoder.decode(block, raw=True))
+        table = decoder.header_table
+        get = table.get_by_index
+        headers = [get(b & 0x7F) for b in block]
+        # an indexed field is at most the dynamic table's size, or 64 bytes (the static table)
+        if len(block) * (table._current_size + 64) <= MAX_HEADER_LIST:
+            return headers, 0
+        return headers, header_list_size(headers)
+    headers = list(decoder.decode(block, raw=True))
+    return headers, header_list_size(headers)
+
+
+def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
+    """A request's header fields (see :func:`decode_headers`)."""
+    return decode_headers(decoder, block)[0]
 
 
 class CallContext:
@@ -261,8 +422,9 @@ _EOF = _Eof()
 
 class _Stream:
     __slots__ = (
-        "context", "data", "drained", "encoding", "headers_sent", "method", "out",
-        "queue", "remote_closed", "reply_encoding", "send_window", "sid", "task", "trailers", "unacked",
+        "context", "data", "declared", "drained", "encoding", "header_size", "headers_sent", "held",
+        "method", "out", "queue", "remote_closed", "reply_encoding", "send_window", "sid", "task",
+        "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
@@ -281,6 +443,9 @@ class _Stream:
         self.reply_encoding: bytes | None = None  # responses compressed with it (ResponseCompression)
         self.context = CallContext(headers)
         self.drained: asyncio.Future[None] | None = None
+        self.declared = -1  # a unary request's size from its prefix (-1: not seen yet)
+        self.held = 0  # bytes of the message being received taken from the server's ByteBudget
+        self.header_size = 0  # decoded header bytes counted against MAX_HEADERS_HELD
 
 
 class H2Error(Exception):
@@ -299,7 +464,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = False
-        self.decoder = hpack.Decoder()
+        self.decoder = hpack.Decoder(max_header_list_size=2 * MAX_HEADER_LIST)
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
         self.send_window = DEFAULT_WINDOW
@@ -308,24 +473,54 @@ class Connection(asyncio.Protocol):
         self.recv_unacked = 0
         self.buffered = 0  # request bytes received, not yet delivered to a call
         self.continuing: tuple[int, int, bytearray] | None = None  # (sid, flags, block so far)
+        self.continuations = 0  # CONTINUATION frames of the block in ``continuing``
         self.blocked: dict[int, _Stream] = {}
+        self.out_blocked = 0  # response bytes of all streams waiting for the peer's windows
+        self.unblocked: asyncio.Future[None] | None = None  # streaming senders waiting on it
+        self.header_bytes = 0  # decoded header bytes of the open streams
         self.pending: list[bytes] = []
+        self.pending_size = 0
         self.flush_scheduled = False
         self.paused: asyncio.Future[None] | None = None
+        self.stalled = False  # reading paused until the peer reads what was written
         self.closing = False  # GOAWAY sent: no new streams
+        self.dead = False  # a connection error was sent: nothing more is read
         self.idle: asyncio.Future[None] | None = None
+        self.admitted = False  # holds a slot of the server's ConnectionGuard
+        self.active = False  # a frame arrived since the idle timer last looked
+        self.handshake_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.control_tokens = float(CONTROL_BURST)
+        self.control_at = 0.0
+        self.reset_tokens = float(RESET_BURST)
+        self.reset_at = 0.0
+        self.recent_resets = [0] * RECENT_RESETS  # stream ids this side reset, a ring
+        self.recent_pos = 0
 
     # ---------------------------------------------------------------- transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        guard = self.server.guard
+        if guard is not None and not guard.admit():
+            self.transport.abort()  # counted and logged by the guard
+            return
+        self.admitted = guard is not None
         self.server.connections.add(self)
+        now = self.loop.time()
+        self.control_at = self.reset_at = now
+        server = self.server
+        if server.handshake_timeout_s:
+            self.handshake_timer = self.loop.call_later(server.handshake_timeout_s, self._handshake_expired)
+        if server.idle_timeout_s:
+            self.idle_timer = self.loop.call_later(server.idle_timeout_s, self._idle_check)
         settings = b"".join(
             _SETTING.pack(k, v)
             for k, v in (
                 (ENABLE_PUSH, 0),
                 (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
                 (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+                (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
             )
         )
         self.transport.write(
@@ -334,42 +529,85 @@ class Connection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.dead = True
         self.server.connections.discard(self)
+        if self.admitted:
+            self.admitted = False
+            guard = self.server.guard
+            assert guard is not None
+            guard.release()
+        for timer in (self.handshake_timer, self.idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self.handshake_timer = self.idle_timer = None
         for stream in self.streams.values():
             if stream.task is not None:
                 stream.task.cancel()
+            if stream.held:
+                self._give(stream)
             self._wake(stream)
         self.streams.clear()
         self.blocked.clear()
-        if self.paused is not None and not self.paused.done():
-            self.paused.set_result(None)
-        if self.idle is not None and not self.idle.done():
-            self.idle.set_result(None)
+        self.out_blocked = self.header_bytes = 0
+        self.buf.clear()
+        self.pending.clear()
+        for future in (self.paused, self.idle, self.unblocked):
+            if future is not None and not future.done():
+                future.set_result(None)
 
     def pause_writing(self) -> None:
         if self.paused is None or self.paused.done():
             self.paused = self.loop.create_future()
+        transport = self.transport
+        if not self.stalled and transport is not None and not transport.is_closing():
+            self.stalled = True  # the peer does not keep up: read nothing more from it for now
+            transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.paused is not None and not self.paused.done():
             self.paused.set_result(None)
+        if self.stalled:
+            self.stalled = False
+            transport = self.transport
+            if transport is not None and not transport.is_closing() and not self.dead:
+                transport.resume_reading()
+                if self.buf:
+                    self.loop.call_soon(self._resume)
 
     def data_received(self, data: bytes) -> None:
+        if self.dead:
+            return
+        self.active = True
         buf = self.buf
         buf += data
+        if self.stalled:  # a TLS transport may deliver what it had decrypted
+            if len(buf) > MAX_STALLED_IN:
+                self._abort_connection(ENHANCE_YOUR_CALM, "the peer sends and does not read")
+            return
+        self._process()
+
+    def _resume(self) -> None:
+        if not (self.dead or self.stalled):
+            self._process()
+
+    def _process(self) -> None:
+        """Handle the complete frames in ``buf`` (until reading is paused)."""
+        buf = self.buf
         pos = 0
-        if not self.preface:
-            if len(buf) < len(PREFACE):
-                if not PREFACE.startswith(bytes(buf)):
-                    self._abort_connection(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                return
-            if not buf.startswith(PREFACE):
-                self._abort_connection(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                return
-            self.preface = True
-            pos = len(PREFACE)
-        end = len(buf)
         try:
+            if not self.preface:
+                if len(buf) < len(PREFACE) + 9:  # the preface, and the head of the first frame
+                    if not (PREFACE.startswith(bytes(buf)) or bytes(buf).startswith(PREFACE)):
+                        self._abort_connection(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    return
+                if not buf.startswith(PREFACE):
+                    self._abort_connection(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    return
+                if buf[len(PREFACE) + 3] != SETTINGS or buf[len(PREFACE) + 4] & ACK:
+                    raise H2Error(PROTOCOL_ERROR, "the first frame is not SETTINGS")
+                self.preface = True
+                pos = len(PREFACE)
+            end = len(buf)
             while end - pos >= 9:
                 hi, lo, ftype, flags, sid = _FRAME.unpack_from(buf, pos)
                 length = (hi << 16) | lo
@@ -381,10 +619,78 @@ class Connection(asyncio.Protocol):
                 payload = bytes(buf[pos + 9 : stop])
                 pos = stop
                 self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
+                if self.stalled or self.dead:
+                    break
         except H2Error as exc:
             self._abort_connection(exc.code, str(exc))
             return
-        del buf[:pos]
+        except Exception as exc:  # a bug: one line, and the connection ends cleanly
+            log.warning("gRPC connection: %s handling a frame: %s", type(exc).__name__, exc)
+            self._abort_connection(INTERNAL_ERROR, "internal error")
+            return
+        if not self.dead:
+            del buf[:pos]
+
+    # ---------------------------------------------------------------- timers
+
+    def _handshake_expired(self) -> None:
+        self.handshake_timer = None
+        if not self.dead:
+            self._abort_connection(PROTOCOL_ERROR, "no connection preface and SETTINGS in time")
+
+    def _idle_check(self) -> None:
+        self.idle_timer = None
+        if self.dead or self.transport is None:
+            return
+        if self.active or self.streams:
+            self.active = False
+            self.idle_timer = self.loop.call_later(self.server.idle_timeout_s, self._idle_check)
+            return
+        log.debug("gRPC connection idle for %.0f s: closed", self.server.idle_timeout_s)
+        self._abort_connection(NO_ERROR, "idle")
+
+    # ---------------------------------------------------------------- budgets
+
+    def _control(self) -> None:
+        """A control frame: one token of the connection's bucket (refilled when it runs out)."""
+        self.control_tokens -= 1
+        if self.control_tokens < 0:
+            now = self.loop.time()
+            self.control_tokens = min(
+                float(CONTROL_BURST), self.control_tokens + (now - self.control_at) * CONTROL_RATE
+            )
+            self.control_at = now
+            if self.control_tokens < 0:
+                raise H2Error(ENHANCE_YOUR_CALM, "too many control frames")
+
+    def _reset_charge(self) -> None:
+        """A stream reset by the client before it ended (or opened past the concurrency)."""
+        self.reset_tokens -= 1
+        if self.reset_tokens < 0:
+            now = self.loop.time()
+            self.reset_tokens = min(
+                float(RESET_BURST), self.reset_tokens + (now - self.reset_at) * RESET_RATE
+            )
+            self.reset_at = now
+            if self.reset_tokens < 0:
+                raise H2Error(ENHANCE_YOUR_CALM, "too many streams reset")
+
+    def _reserve(self, stream: _Stream, size: int) -> bool:
+        """Take a message's declared ``size`` from the server's budget; False: refused (answered)."""
+        budget = self.server.budget
+        if budget is None:
+            return True
+        if not budget.take(size):
+            self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, budget.refusal(size))
+            return False
+        stream.held = size
+        return True
+
+    def _give(self, stream: _Stream) -> None:
+        budget = self.server.budget
+        if budget is not None:
+            budget.give(stream.held)
+        stream.held = 0
 
     # ---------------------------------------------------------------- frames in
 
@@ -395,70 +701,160 @@ class Connection(asyncio.Protocol):
             self._data(flags, sid, payload)
         elif ftype == HEADERS:
             self._headers(flags, sid, payload)
-        elif ftype == CONTINUATION:
-            if self.continuing is None or self.continuing[0] != sid:
-                raise H2Error(PROTOCOL_ERROR, "unexpected CONTINUATION")
-            self.continuing[2].extend(payload)
-            if len(self.continuing[2]) > MAX_HEADER_BLOCK:
-                raise H2Error(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
-            if flags & END_HEADERS:
-                sid, first_flags, block = self.continuing
-                self.continuing = None
-                self._header_block(first_flags, sid, bytes(block))
-        elif ftype == SETTINGS:
-            if not flags & ACK:
-                self._settings(payload)
         elif ftype == WINDOW_UPDATE:
             self._window_update(sid, payload)
+        elif ftype == CONTINUATION:
+            self._continuation(flags, sid, payload)
+        elif ftype == SETTINGS:
+            self._settings(flags, sid, payload)
         elif ftype == PING:
+            if sid:
+                raise H2Error(PROTOCOL_ERROR, "PING on a stream")
+            if len(payload) != 8:
+                raise H2Error(FRAME_SIZE_ERROR, "PING of the wrong size")
+            self._control()
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
-            stream = self.streams.get(sid)
-            if stream is not None:
-                if stream.task is not None:
-                    stream.task.cancel()
-                self._drop(stream)
+            self._rst_stream(sid, payload)
+        elif ftype == PRIORITY:
+            self._priority(sid, payload)
         elif ftype == GOAWAY:
+            if sid:
+                raise H2Error(PROTOCOL_ERROR, "GOAWAY on a stream")
+            if len(payload) < 8:
+                raise H2Error(FRAME_SIZE_ERROR, "GOAWAY of the wrong size")
+            self._control()
             self.closing = True
             self._maybe_idle()
         elif ftype == PUSH_PROMISE:
             raise H2Error(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        # PRIORITY and unknown frame types are ignored
+        else:
+            self._control()  # unknown frame types are ignored, but not for free
+
+    def _rst_stream(self, sid: int, payload: bytes) -> None:
+        if sid == 0:
+            raise H2Error(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != 4:
+            raise H2Error(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid > self.last_sid:
+                raise H2Error(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+            self._control()  # a closed stream: nothing to do
+            return
+        if stream.trailers is None:
+            self._reset_charge()  # reset before it was answered
+        if stream.task is not None:
+            stream.task.cancel()
+        self._drop(stream)
+
+    def _priority(self, sid: int, payload: bytes) -> None:
+        if sid == 0:
+            raise H2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        self._control()
+        if len(payload) != 5:
+            self._reset_sid(sid, FRAME_SIZE_ERROR)
+            return
+        if _WINDOW.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            self._reset_sid(sid, PROTOCOL_ERROR)  # a stream cannot depend on itself
+
+    def _reset_sid(self, sid: int, code: int) -> None:
+        """A stream error on ``sid``, open or not."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._reset(stream, code)
+        else:
+            self._write(frame(RST_STREAM, 0, sid, _WINDOW.pack(code)))
+            self._remember_reset(sid)
+
+    def _reset(self, stream: _Stream, code: int) -> None:
+        """A stream error (RFC 9113 section 5.4.2): RST_STREAM, and the call is cancelled."""
+        self._write(frame(RST_STREAM, 0, stream.sid, _WINDOW.pack(code)))
+        self._remember_reset(stream.sid)
+        if stream.task is not None:
+            stream.task.cancel()
+        self._drop(stream)
+
+    def _remember_reset(self, sid: int) -> None:
+        self.recent_resets[self.recent_pos] = sid
+        self.recent_pos = (self.recent_pos + 1) % RECENT_RESETS
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "HEADERS on stream 0")
         start, stop = 0, len(payload)
-        if flags & PADDED:
-            start, stop = 1, stop - payload[0]
-        if flags & PRIORITY_FLAG:
-            start += 5
-        if start > stop:
-            raise H2Error(PROTOCOL_ERROR, "bad padding")
+        if flags & (PADDED | PRIORITY_FLAG):
+            if flags & PADDED:
+                if not stop:
+                    raise H2Error(PROTOCOL_ERROR, "PADDED HEADERS without a pad length")
+                start, stop = 1, stop - payload[0]
+            if flags & PRIORITY_FLAG:
+                if stop - start >= 5 and _WINDOW.unpack_from(payload, start)[0] & 0x7FFFFFFF == sid:
+                    flags |= PRIORITY_FLAG << 8  # depends on itself: refused once decoded
+                start += 5
+            if start > stop:
+                raise H2Error(PROTOCOL_ERROR, "bad padding")
         block = payload[start:stop]
         if not flags & END_HEADERS:
+            if not block:
+                self._control()
             self.continuing = (sid, flags, bytearray(block))
+            self.continuations = 0
             return
         self._header_block(flags, sid, block)
 
+    def _continuation(self, flags: int, sid: int, payload: bytes) -> None:
+        if self.continuing is None or self.continuing[0] != sid:
+            raise H2Error(PROTOCOL_ERROR, "unexpected CONTINUATION")
+        self.continuations += 1
+        if self.continuations > MAX_CONTINUATIONS:
+            raise H2Error(ENHANCE_YOUR_CALM, f"over {MAX_CONTINUATIONS} CONTINUATION frames")
+        if not payload and not flags & END_HEADERS:
+            self._control()
+        self.continuing[2].extend(payload)
+        if len(self.continuing[2]) > MAX_HEADER_BLOCK:
+            raise H2Error(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
+        if flags & END_HEADERS:
+            sid, first_flags, block = self.continuing
+            self.continuing = None
+            self._header_block(first_flags, sid, bytes(block))
+
     def _header_block(self, flags: int, sid: int, block: bytes) -> None:
         try:
-            headers = decode_block(self.decoder, block)
+            headers, size = decode_headers(self.decoder, block)
+        except hpack.OversizedHeaderListError:
+            raise H2Error(ENHANCE_YOUR_CALM, f"header list over {2 * MAX_HEADER_LIST} bytes") from None
         except Exception as exc:  # hpack's decoding errors
             raise H2Error(COMPRESSION_ERROR, f"header block: {exc}") from None
         stream = self.streams.get(sid)
-        if stream is not None:  # trailers from the client: only END_STREAM matters
-            if flags & END_STREAM:
+        if stream is not None:  # trailers from the client: they end the stream
+            if stream.remote_closed:
+                self._reset(stream, STREAM_CLOSED)
+            elif not flags & END_STREAM:
+                self._reset(stream, PROTOCOL_ERROR)
+            else:
                 self._remote_end(stream)
             return
         if sid % 2 == 0:
             raise H2Error(PROTOCOL_ERROR, f"stream {sid} cannot be opened by a client")
         if sid <= self.last_sid:
-            return  # a stream this side already ended (and forgot): frames still in flight
+            if sid in self.recent_resets:
+                return  # a stream this side reset: frames the client sent before it knew
+            raise H2Error(PROTOCOL_ERROR, f"HEADERS on closed stream {sid} (ids only go up)")
         self.last_sid = sid
-        if self.closing or len(self.streams) >= MAX_STREAMS:
-            self._write(frame(RST_STREAM, 0, sid, _WINDOW.pack(REFUSED_STREAM)))
+        if flags & (PRIORITY_FLAG << 8):
+            self._reset_sid(sid, PROTOCOL_ERROR)
+            return
+        if (
+            self.closing
+            or len(self.streams) >= MAX_STREAMS
+            or self.out_blocked > CONN_SEND_AHEAD
+            or self.header_bytes > MAX_HEADERS_HELD
+        ):
+            if not self.closing and len(self.streams) >= MAX_STREAMS:
+                self._reset_charge()  # past the concurrency this side advertised
+            self._reset_sid(sid, REFUSED_STREAM)
             return
         path = b""
         content_type = b""
@@ -475,6 +871,8 @@ class Connection(asyncio.Protocol):
                 accept = value
         if not content_type.startswith(b"application/grpc"):
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, STATUS_415))
+            if not flags & END_STREAM:
+                self._reset_sid(sid, NO_ERROR)
             return
         method = self.methods.get(path)
         stream = _Stream(sid, method or _UNKNOWN, headers, self.peer_initial_window)
@@ -483,7 +881,10 @@ class Connection(asyncio.Protocol):
         if compression is not None:
             stream.reply_encoding = compression.encoding_for(path, accept)
         self.streams[sid] = stream
-        refusal = self._refusal(method, path, encoding, stream)
+        if size:
+            stream.header_size = size
+            self.header_bytes += size
+        refusal = self._refusal(method, path, encoding, stream, size)
         if refusal is not None:
             # answered at once (trailers only); a request still being sent is reset after it
             stream.remote_closed = bool(flags & END_STREAM)
@@ -497,13 +898,15 @@ class Connection(asyncio.Protocol):
             self._remote_end(stream)
 
     def _refusal(
-        self, method: Method | None, path: bytes, encoding: bytes, stream: _Stream
+        self, method: Method | None, path: bytes, encoding: bytes, stream: _Stream, size: int
     ) -> tuple[grpc.StatusCode, str] | None:
         """Why a new call is answered without running it, if it is."""
+        if size > MAX_HEADER_LIST:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, f"header list of {size} bytes (max {MAX_HEADER_LIST})"
         if method is None:
-            return grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}"
+            return grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {_shown(path)}"
         if encoding not in _ENCODINGS:
-            return grpc.StatusCode.UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding.decode('latin-1')}'"
+            return grpc.StatusCode.UNIMPLEMENTED, f"unsupported grpc-encoding '{_shown(encoding)}'"
         gate = self.server.gate
         denial = gate(path.decode("latin-1"), stream.context.header) if gate is not None else None
         if denial is not None:
@@ -514,22 +917,42 @@ class Connection(asyncio.Protocol):
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
+        if flags & PADDED and (not size or payload[0] >= size):
+            raise H2Error(PROTOCOL_ERROR, "bad padding")
         self.recv_unacked += size
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
             self._ack_connection()
-            return  # a stream already answered or reset: its data is dropped
-        if flags & PADDED and payload:
-            payload = payload[1 : len(payload) - payload[0]]
+            if stream is not None:  # half-closed (remote): the client already ended it
+                self._reset(stream, STREAM_CLOSED)
+            elif sid > self.last_sid or sid % 2 == 0:
+                raise H2Error(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+            elif sid not in self.recent_resets:  # closed, not by a reset of this side's
+                self._control()
+                self._reset_sid(sid, STREAM_CLOSED)
+            return  # a stream this side reset: its data is dropped
+        if flags & PADDED:
+            payload = payload[1 : size - payload[0]]
+        elif not size and not flags & END_STREAM:
+            self._control()
         stream.data += payload
         self.buffered += len(payload)
         self._ack_connection()
         stream.unacked += size
         if stream.queue is not None:
             self._split_messages(stream)
-        elif len(stream.data) > self.server.max_message + 5:
-            self._too_large(stream, len(stream.data) - 5)
-            return
+        else:
+            data = stream.data
+            if stream.declared < 0 and len(data) >= 5:
+                declared = stream.declared = int.from_bytes(data[1:5], "big")
+                if declared > self.server.max_message:
+                    self._too_large(stream, declared)  # refused from the prefix
+                    return
+                if declared >= SMALL and len(data) - 5 < declared and not self._reserve(stream, declared):
+                    return
+            if len(data) > self.server.max_message + 5:
+                self._too_large(stream, len(data) - 5)
+                return
         if flags & END_STREAM:
             self._remote_end(stream)
         elif stream.unacked >= STREAM_WINDOW // 4 and self._reader_keeps_up(stream):
@@ -565,11 +988,15 @@ class Connection(asyncio.Protocol):
         while len(data) - pos >= 5:
             length = int.from_bytes(data[pos + 1 : pos + 5], "big")
             if length > self.server.max_message:
-                self._too_large(stream, length)
+                self._too_large(stream, length)  # refused from the prefix
                 return
             if len(data) - pos - 5 < length:
+                if length >= SMALL and not stream.held and not self._reserve(stream, length):
+                    return
                 break
             message = self._message(stream, data[pos], bytes(data[pos + 5 : pos + 5 + length]))
+            if stream.held:
+                self._give(stream)
             if message is None:
                 return
             queue.put_nowait(message)
@@ -578,17 +1005,47 @@ class Connection(asyncio.Protocol):
         self._take_data(pos)
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
+        """A request message parsed (a :class:`_Later` when it inflates in a thread), or None
+        when the call was answered instead."""
         try:
             if compressed:
-                inflated = inflate(body, _ENCODINGS[stream.encoding], self.server.max_message)
-                if inflated is None:
-                    self._too_large(stream, None)
-                    return None
-                body = inflated
+                wbits = _ENCODINGS[stream.encoding]
+                if wbits is not None:
+                    limit = self.server.max_message
+                    inflater = zlib.decompressobj(wbits)
+                    step = min(limit, INFLATE_INLINE)
+                    out = inflater.decompress(body, step + 1)
+                    if len(out) > step:
+                        if step == limit:
+                            self._too_large(stream, None)
+                            return None
+                        return self._inflate_later(stream, inflater, out)
+                    if not inflater.eof:
+                        raise zlib.error("the compressed message ends early")
+                    body = out
             return stream.method.parse(body)
         except (DecodeError, zlib.error) as exc:
             self._finish(stream, grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}")
             return None
+
+    def _inflate_later(self, stream: _Stream, inflater: Any, head: bytes) -> _Later:
+        """Inflate the rest of a message in a thread; the budget it holds goes back when done."""
+        held, stream.held = stream.held, 0
+        limit = self.server.max_message
+        parse = stream.method.parse
+
+        async def run() -> Any:
+            try:
+                return await asyncio.to_thread(_inflate_rest, inflater, head, limit, parse)
+            finally:
+                if held:
+                    budget = self.server.budget
+                    assert budget is not None
+                    budget.give(held)
+
+        task = self.loop.create_task(run())
+        task.add_done_callback(_retrieved)
+        return _Later(task)
 
     def _too_large(self, stream: _Stream, size: int | None) -> None:
         """Refuse a message over the limit (``size`` None: it inflates past it)."""
@@ -609,54 +1066,95 @@ class Connection(asyncio.Protocol):
         if stream.task is not None or stream.trailers is not None:
             return  # already running or answered: its end is this side's to send
         data = stream.data
-        if len(data) < 5 or int.from_bytes(data[1:5], "big") != len(data) - 5:
+        if len(data) < 5 or stream.declared != len(data) - 5:
             self._finish(stream, grpc.StatusCode.INTERNAL, "a unary call needs exactly one request message")
             return
         stream.data = bytearray()
         self._take_data(len(data))
         request = self._message(stream, data[0], bytes(data[5:]))
+        if stream.held:
+            self._give(stream)
         if request is None:
             return
         unary = stream.method.unary
         assert unary is not None
+        if request.__class__ is _Later:
+            stream.task = self.loop.create_task(self._run_unary_later(stream, unary, request))
+            return
         stream.task = self.loop.create_task(self._run_unary(stream, unary, request))
 
     # ---------------------------------------------------------------- running calls
 
+    async def _run_unary_later(self, stream: _Stream, call: Unary, later: _Later) -> None:
+        try:
+            request = await later.task
+        except asyncio.CancelledError:
+            return
+        except _Refused as refused:
+            self._finish(stream, refused.code, refused.message)
+            return
+        except Exception as exc:
+            self._failed(stream, exc, None)
+            return
+        await self._run_unary(stream, call, request)
+
     async def _run_unary(self, stream: _Stream, call: Unary, request: Any) -> None:
-        seconds = grpc_timeout_s(stream.context.header("grpc-timeout"))
-        deadline = None if seconds is None else asyncio.timeout(seconds)
+        header = stream.context.header("grpc-timeout")
+        deadline = None
+        if header is not None:
+            seconds = grpc_timeout_s(header)
+            if seconds is None:
+                self._finish(
+                    stream,
+                    grpc.StatusCode.INTERNAL,
+                    f"malformed grpc-timeout '{_shown(header.encode('latin-1'))}'",
+                )
+                return
+            deadline = asyncio.timeout(seconds)
         try:
             if deadline is None:  # most calls: no timeout to enter on the hot path
                 response = await call(request, stream.context)
             else:
                 async with deadline:
                     response = await call(request, stream.context)
+            if stream.sid in self.streams:
+                self._send(stream, response.SerializeToString(), TRAILERS_OK)
         except asyncio.CancelledError:
             return
         except Exception as exc:
             self._failed(stream, exc, deadline)
-        else:
-            if stream.sid in self.streams:
-                self._send(stream, response.SerializeToString(), TRAILERS_OK)
 
     async def _run_streaming(self, stream: _Stream, call: Streaming) -> None:
         context = stream.context
-        deadline = asyncio.timeout(grpc_timeout_s(context.header("grpc-timeout")))
+        header = context.header("grpc-timeout")
+        seconds = None
+        if header is not None:
+            seconds = grpc_timeout_s(header)
+            if seconds is None:
+                self._finish(
+                    stream,
+                    grpc.StatusCode.INTERNAL,
+                    f"malformed grpc-timeout '{_shown(header.encode('latin-1'))}'",
+                )
+                return
+        deadline = asyncio.timeout(seconds)
         try:
             async with deadline:
                 async for response in call(self._requests(stream), context):
                     if stream.sid not in self.streams:
                         return
                     self._send(stream, response.SerializeToString(), None)
-                    if len(stream.out) > SEND_AHEAD or (self.paused is not None and not self.paused.done()):
+                    if (
+                        len(stream.out) > SEND_AHEAD
+                        or self.out_blocked > CONN_SEND_AHEAD
+                        or (self.paused is not None and not self.paused.done())
+                    ):
                         await self._drain(stream)
+            self._finish(stream, context.code, context.details)  # OK unless set_code said otherwise
         except asyncio.CancelledError:
             return
         except Exception as exc:
             self._failed(stream, exc, deadline)
-        else:
-            self._finish(stream, context.code, context.details)  # OK unless set_code said otherwise
 
     def _failed(self, stream: _Stream, exc: Exception, deadline: asyncio.Timeout | None) -> None:
         """A call that raised: DEADLINE_EXCEEDED past its deadline, the status
@@ -677,14 +1175,28 @@ class Connection(asyncio.Protocol):
             message = await queue.get()
             if message is _EOF:
                 return
+            if message.__class__ is _Later:
+                try:
+                    message = await message.task
+                except _Refused as refused:
+                    stream.context.code = refused.code
+                    stream.context.details = refused.message
+                    raise grpc.aio.AbortError() from None
             if stream.unacked and not stream.remote_closed and queue.qsize() < QUEUE_AHEAD:
                 self._ack_stream(stream)
             yield message
 
     async def _drain(self, stream: _Stream) -> None:
-        while stream.sid in self.streams and len(stream.out) > SEND_AHEAD:
-            stream.drained = self.loop.create_future()
-            await stream.drained
+        while stream.sid in self.streams:
+            if len(stream.out) > SEND_AHEAD:
+                stream.drained = self.loop.create_future()
+                await stream.drained
+            elif self.out_blocked > CONN_SEND_AHEAD:
+                if self.unblocked is None or self.unblocked.done():
+                    self.unblocked = self.loop.create_future()
+                await self.unblocked
+            else:
+                break
         if self.paused is not None and not self.paused.done():
             await self.paused
 
@@ -706,6 +1218,7 @@ class Connection(asyncio.Protocol):
             flag = b"\x01"
         n = len(message)
         stream.out += flag + n.to_bytes(4, "big") + message
+        self.out_blocked += n + 5
         if trailers is not None:
             stream.trailers = trailers
         self._flush(stream)
@@ -719,7 +1232,8 @@ class Connection(asyncio.Protocol):
         block = status_block(code, message)
         if not stream.headers_sent:
             stream.headers_sent = True
-            stream.out.clear()
+            if stream.out:
+                self._unqueue(stream)
             stream.trailers = b""
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.sid, RESPONSE_HEADERS + block))
             self._close(stream)
@@ -741,9 +1255,16 @@ class Connection(asyncio.Protocol):
                 del out[:room]
                 stream.send_window -= room
                 self.send_window -= room
+                self.out_blocked -= room
+                if self.unblocked is not None:
+                    self._less_blocked()
                 self._write(b"".join(chunks))
             if out:
                 self.blocked[stream.sid] = stream
+                if self.out_blocked > CONN_SEND_HARD and len(self.blocked) > 1:
+                    self._abort_connection(
+                        ENHANCE_YOUR_CALM, f"over {CONN_SEND_HARD} response bytes wait for the peer's windows"
+                    )
                 return
             self.blocked.pop(stream.sid, None)
             self._wake(stream)
@@ -751,19 +1272,41 @@ class Connection(asyncio.Protocol):
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.sid, stream.trailers))
             self._close(stream)
 
+    def _unqueue(self, stream: _Stream) -> None:
+        """Forget the responses a stream had waiting to be sent."""
+        self.out_blocked -= len(stream.out)
+        stream.out.clear()
+        if self.unblocked is not None:
+            self._less_blocked()
+
+    def _less_blocked(self) -> None:
+        unblocked = self.unblocked
+        if unblocked is not None and self.out_blocked <= CONN_SEND_AHEAD:
+            self.unblocked = None
+            if not unblocked.done():
+                unblocked.set_result(None)
+
     def _close(self, stream: _Stream) -> None:
         """This side ended the stream (its END_STREAM is written)."""
         if not stream.remote_closed:
             # the client may still be sending: tell it to stop (gRPC servers do this)
             self._write(frame(RST_STREAM, 0, stream.sid, _WINDOW.pack(NO_ERROR)))
+            self._remember_reset(stream.sid)
         self._drop(stream)
 
     def _drop(self, stream: _Stream) -> None:
         """Forget a stream (ended here, or reset by the client): a sender waiting on it wakes,
-        request bytes it still held count as delivered."""
-        self.streams.pop(stream.sid, None)
+        request bytes it still held count as delivered, its budget goes back."""
+        if self.streams.pop(stream.sid, None) is None:
+            return
         self.blocked.pop(stream.sid, None)
         self._wake(stream)
+        if stream.out:
+            self._unqueue(stream)
+        if stream.header_size:
+            self.header_bytes -= stream.header_size
+        if stream.held:
+            self._give(stream)
         if stream.data:
             self._take_data(len(stream.data))
             stream.data = bytearray()
@@ -776,37 +1319,62 @@ class Connection(asyncio.Protocol):
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise H2Error(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        self._control()
         increment = _WINDOW.unpack(payload)[0] & 0x7FFFFFFF
         if sid == 0:
+            if not increment:
+                raise H2Error(PROTOCOL_ERROR, "WINDOW_UPDATE of 0 on the connection")
             self.send_window += increment
-            if self.send_window > 2**31 - 1:
+            if self.send_window > MAX_WINDOW:
                 raise H2Error(FLOW_CONTROL_ERROR, "connection window overflow")
             self._flush_blocked()
             return
         target = self.streams.get(sid)
-        if target is not None:
-            target.send_window += increment
-            if target.out:
-                self._flush(target)
+        if target is None:
+            if sid > self.last_sid:
+                raise H2Error(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            return  # a closed stream: allowed, and nothing to do
+        if not increment:
+            self._reset(target, PROTOCOL_ERROR)
+            return
+        target.send_window += increment
+        if target.send_window > MAX_WINDOW:
+            self._reset(target, FLOW_CONTROL_ERROR)
+            return
+        if target.out:
+            self._flush(target)
 
-    def _settings(self, payload: bytes) -> None:
+    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid:
+            raise H2Error(PROTOCOL_ERROR, "SETTINGS on a stream")
+        self._control()
+        if flags & ACK:
+            if payload:
+                raise H2Error(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
         if len(payload) % 6:
             raise H2Error(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
         for pos in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, pos)
             if key == INITIAL_WINDOW_SIZE:
-                if value > 2**31 - 1:
+                if value > MAX_WINDOW:
                     raise H2Error(FLOW_CONTROL_ERROR, "initial window too large")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise H2Error(FLOW_CONTROL_ERROR, "a stream window overflows")
             elif key == MAX_FRAME_SIZE:
                 if not 16_384 <= value <= 2**24 - 1:
                     raise H2Error(PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
                 self.peer_max_frame = value
-            elif key == HEADER_TABLE_SIZE:
-                pass  # responses use no dynamic table
+            elif key == ENABLE_PUSH and value > 1:
+                raise H2Error(PROTOCOL_ERROR, "bad SETTINGS_ENABLE_PUSH")
+            # HEADER_TABLE_SIZE: responses use no dynamic table; unknown settings are ignored
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
+            self.handshake_timer = None
         self._write(frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 
@@ -814,29 +1382,48 @@ class Connection(asyncio.Protocol):
         """Send what streams had waiting for the peer's windows, oldest first."""
         for stream in list(self.blocked.values()):
             self._flush(stream)
-            if self.send_window <= 0:
+            if self.send_window <= 0 or self.dead:
                 break
 
     def _write(self, data: bytes) -> None:
-        """Queue bytes for the socket; everything queued in one loop iteration leaves in one write."""
+        """Queue bytes for the socket; everything queued in one loop iteration leaves in one
+        write (or sooner, past ``MAX_PENDING_OUT``, so that the transport's high-water mark
+        pauses reading)."""
         self.pending.append(data)
-        if not self.flush_scheduled:
+        self.pending_size += len(data)
+        if self.pending_size > MAX_PENDING_OUT:
+            self._write_pending()
+        elif not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._write_pending)
 
     def _write_pending(self) -> None:
         self.flush_scheduled = False
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.pending))
+        transport = self.transport
+        if self.pending and transport is not None and not transport.is_closing():
+            transport.write(b"".join(self.pending))
+            if self.stalled and transport.get_write_buffer_size() > MAX_WRITE_BUFFER and not self.dead:
+                self.pending.clear()
+                self.pending_size = 0
+                self._abort_connection(ENHANCE_YOUR_CALM, "the peer does not read")
+                return
         self.pending.clear()
+        self.pending_size = 0
 
     def _abort_connection(self, code: int, message: str) -> None:
+        """A connection error (or the end of an idle one): GOAWAY, then close; a peer that
+        does not read it in ``CLOSE_GRACE_S`` is cut."""
         log.debug("gRPC connection error %d: %s", code, message)
-        if self.transport is None:
+        if self.transport is None or self.dead:
             return
+        self.dead = True
+        self.continuing = None
         self._write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_sid, code) + message.encode()[:256]))
         self._write_pending()
-        self.transport.close()
+        self.buf.clear()
+        transport = self.transport
+        transport.close()
+        self.loop.call_later(CLOSE_GRACE_S, transport.abort)
 
     # ---------------------------------------------------------------- graceful stop
 
@@ -877,7 +1464,11 @@ _UNKNOWN = Method(parse=bytes, unary=_unknown)
 class Http2GrpcServer:
     """``methods``: ``/package.Service/Method`` -> :class:`Method`; ``gate`` may refuse a call
     before it runs (restricted protocols); ``max_message``: largest request message;
-    ``compression``: compress responses (Triton's ``--grpc-infer-response-compression-level``)."""
+    ``compression``: compress responses (Triton's ``--grpc-infer-response-compression-level``);
+    ``guard``: the listener's connection cap; ``budget``: the server's budget of buffered request
+    bytes; ``handshake_timeout_s``: the TLS handshake, the connection preface and the client's
+    first SETTINGS must be done within it; ``idle_timeout_s``: a connection with no open stream
+    and no frame for that long is closed (0 for either: no timeout)."""
 
     def __init__(
         self,
@@ -885,11 +1476,22 @@ class Http2GrpcServer:
         max_message: int,
         gate: Gate | None = None,
         compression: ResponseCompression | None = None,
+        *,
+        guard: ConnectionGuard | None = None,
+        budget: ByteBudget | None = None,
+        handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
+        if handshake_timeout_s < 0 or idle_timeout_s < 0:
+            raise ValueError("timeouts must be >= 0 (0: none)")
         self.methods = {path.encode("latin-1"): m for path, m in methods.items()}
         self.max_message = max_message
         self.gate = gate
         self.compression = compression if compression is not None and compression.level > 0 else None
+        self.guard = guard
+        self.budget = budget
+        self.handshake_timeout_s = handshake_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -904,7 +1506,12 @@ class Http2GrpcServer:
         """Listen on ``host:port`` (0: any free port), over TLS when ``tls`` is given."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: Connection(self), host, port, reuse_address=True, ssl=tls
+            lambda: Connection(self),
+            host,
+            port,
+            reuse_address=True,
+            ssl=tls,
+            ssl_handshake_timeout=(self.handshake_timeout_s or None) if tls is not None else None,
         )
         self.port = int(self.server.sockets[0].getsockname()[1])
         return self.port
