@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -491,7 +491,7 @@ class Engine:
 
     async def stream_request(
         self, request: InferRequest, trace: list[Span] | None = None
-    ) -> AsyncIterator[InferResponse]:
+    ) -> AsyncGenerator[InferResponse, None]:
         """Every response to one request, in order: several for a decoupled model or graph,
         exactly one otherwise. Requested outputs and classification apply to each."""
         servable = self.registry.get(request.model, request.version)

@@ -4,6 +4,7 @@ transport-neutral method (plain dicts in, plain dicts out, errors from core.erro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -21,6 +22,7 @@ from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import Guards
 from flowserve.dataplane.shm import SharedMemoryRegistry
+from flowserve.dataplane.streams import decouple
 from flowserve.nodes.split import parse_split_weights, set_split_weights
 
 log = logging.getLogger("flowserve")
@@ -156,10 +158,13 @@ class DataPlane:
         self.admission.enter(model)
         trace = self._maybe_trace(request)
         try:
-            async for response in self.engine.stream_request(
-                request, trace=trace.spans if trace is not None else None
-            ):
-                yield response
+            source = self.engine.stream_request(request, trace=trace.spans if trace is not None else None)
+            # a decoupled graph never waits for a slow client (streams.py)
+            decoupled = self.engine.registry.get(model, request.version).decoupled
+            responses = decouple(source, model) if decoupled else source
+            async with contextlib.aclosing(responses):  # a client gone cancels the graph's work now
+                async for response in responses:
+                    yield response
         except Exception as exc:
             if trace is not None:
                 trace.ok, trace.error = False, str(exc)

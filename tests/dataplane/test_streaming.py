@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import flowserve
-from flowserve.core.errors import FlowserveError, Unsupported
+from flowserve.core.errors import FlowserveError, ResourceExhausted, Unsupported
 from flowserve.core.types import InferRequest
+from flowserve.dataplane import streams
+from flowserve.dataplane.plane import DataPlane
 
 _ids = itertools.count()
 
@@ -154,3 +158,101 @@ async def test_a_stream_past_the_request_timeout_is_abandoned_naming_the_node(
     assert stall_class.closed  # the node's stream was closed, not left hanging
     without = [r.outputs["y"].tolist() async for r in engine.stream_request(request("repeat", 1, 2))]
     assert without == [[1], [2]]  # no deadline: streams as before
+
+
+# ------------------------------------------------------------------ slow and vanished clients
+
+
+async def _collect(responses: AsyncIterator[Any]) -> list[Any]:
+    return [r async for r in responses]
+
+
+async def test_a_client_that_stops_reading_costs_only_itself(engine: flowserve.Engine) -> None:
+    """The generator node has one instance; a client that takes one response and then reads no
+    more must not hold it: another client's stream completes meanwhile."""
+    plane = DataPlane(engine)
+    slow = plane.stream(request("repeat", 1, 500))
+    first = await slow.__anext__()
+    assert first.outputs["y"].tolist() == [1]
+    other = await asyncio.wait_for(_collect(plane.stream(request("repeat", 7, 3))), 10)
+    assert [r.outputs["y"].tolist() for r in other] == [[7], [8], [9]]
+    # the slow client still gets every response, in order, when it reads again
+    rest = [r.outputs["y"].tolist() async for r in slow]
+    assert rest == [[i] for i in range(2, 501)]
+    assert plane.admission.in_flight == 0
+
+
+async def test_a_client_too_far_behind_gets_an_error_naming_the_model(
+    engine: flowserve.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(streams, "MAX_UNREAD_RESPONSES", 10)
+    plane = DataPlane(engine)
+    slow = plane.stream(request("repeat", 1, 100))
+    await slow.__anext__()
+    # the graph runs on (the other request is served), past the bound for the slow client
+    assert len(await asyncio.wait_for(_collect(plane.stream(request("repeat", 1, 2))), 10)) == 2
+    with pytest.raises(ResourceExhausted, match="model 'repeat': the client read responses too slowly"):
+        async for _ in slow:
+            pass
+    assert plane.admission.in_flight == 0
+
+
+async def test_a_client_that_goes_away_cancels_the_graph_work(engine: flowserve.Engine) -> None:
+    plane = DataPlane(engine)
+    stalled = plane.stream(request("stall", 4, 1))
+    assert (await stalled.__anext__()).outputs["y"].tolist() == [4]
+    newest = max((n for n in sys.modules if n.startswith("stream_nodes_")), key=lambda n: int(n[13:]))
+    stall_class = sys.modules[newest].Stall
+    started = time.monotonic()
+    await stalled.aclose()  # what a front end does when its client disconnects
+    assert stall_class.closed and time.monotonic() - started < 5  # not the node's 30 s
+    assert plane.admission.in_flight == 0
+    # the instance is free for the next client
+    assert len(await asyncio.wait_for(_collect(plane.stream(request("repeat", 1, 2))), 10)) == 2
+
+
+ENDLESS_MODEL = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            i = 0
+            while not request.is_cancelled():  # Triton's way for a model to stop early
+                out = pb_utils.Tensor("OUT", np.array([i], np.int32))
+                sender.send(pb_utils.InferenceResponse([out]))
+                i += 1
+                time.sleep(0.001)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+ENDLESS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+async def test_a_triton_decoupled_model_sees_its_client_go_away(tmp_path: Path) -> None:
+    """A model.py that streams until ``request.is_cancelled()``: a client going away ends it
+    (and frees its instance) instead of letting it run forever."""
+    model = tmp_path / "repo" / "endless"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(ENDLESS_CONFIG)
+    (model / "1" / "model.py").write_text(ENDLESS_MODEL)
+    eng = await flowserve.Engine.start(tmp_path / "repo")
+    try:
+        plane = DataPlane(eng)
+        for _ in range(2):  # the second stream needs the instance the first one held
+            stream = plane.stream(InferRequest("endless", {"IN": np.array([1], np.int32)}))
+            got = [(await asyncio.wait_for(stream.__anext__(), 10)).outputs["OUT"].tolist() for _ in range(3)]
+            assert got == [[0], [1], [2]]
+            await asyncio.wait_for(stream.aclose(), 10)
+        assert plane.admission.in_flight == 0
+    finally:
+        await eng.stop()

@@ -197,7 +197,8 @@ class InferenceRequest:
         return self._requested
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client went away (or its stream was ended) before the final response."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         """A decoupled model's way to answer: any number of ``send`` calls, then one with
@@ -263,6 +264,8 @@ class InferenceResponseSender:
     def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None]) -> None:
         self._deliver = deliver
         self._closed = False
+        # set by the server when nobody will read further responses (the client went away)
+        self.cancelled = threading.Event()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -272,7 +275,7 @@ class InferenceResponseSender:
         self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        return self.cancelled.is_set()
 
 
 async def _ready(value: Any) -> Any:

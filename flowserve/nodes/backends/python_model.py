@@ -116,7 +116,7 @@ class PythonModelBackend(BackendNode):
             parameters=dict(ctx.parameters),
             model_version=self.version,
         )
-        request._sender = pb_utils.InferenceResponseSender(deliver)
+        sender = request._sender = pb_utils.InferenceResponseSender(deliver)
 
         def run(instance: PythonInstance) -> None:
             try:
@@ -141,6 +141,9 @@ class PythonModelBackend(BackendNode):
                     if final:
                         break
             finally:
+                # the stream ended before the final response (the client went away, an error):
+                # the model sees is_cancelled() and may stop early, as in Triton
+                sender.cancelled.set()
                 await running
         self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
 
