@@ -190,8 +190,36 @@ class EngineCollector:
         state = _Family("flowserve_model_state", "Load state of each model version", "gauge", ())
         for status in registry.index():
             state.add((), 1, model=status.name, version=status.version, state=status.state.value)
-        for family in (*models.values(), state, *nodes.values(), *splits.values()):
+        for family in (*models.values(), state, *nodes.values(), *splits.values(), *self._guards()):
             yield family.metric
+
+    def _guards(self) -> tuple[_Family, ...]:
+        """Open and refused connections per listener, and the budget of buffered request bytes
+        (dataplane/guard.py)."""
+        guards = self.plane.guards
+        open_ = _Family("flowserve_connections_open", "Open connections per listener", "gauge", ("listener",))
+        refused = _Family(
+            "flowserve_connections_refused",
+            "Connections closed at once because the listener was at --max-connections",
+            "counter",
+            ("listener",),
+        )
+        for name, guard in sorted(guards.listeners.items()):
+            open_.add((name,), guard.open)
+            refused.add((name,), guard.refused)
+        budget = guards.budget
+        held = _Family(
+            "flowserve_request_bytes_buffered", "Request bytes held in memory, all listeners", "gauge", ()
+        )
+        held.add((), budget.in_use)
+        over = _Family(
+            "flowserve_request_bytes_refused",
+            "Requests refused because they did not fit --max-buffered-request-bytes",
+            "counter",
+            (),
+        )
+        over.add((), budget.refused)
+        return open_, refused, held, over
 
     @staticmethod
     def _model(servable: Servable, f: dict[str, _Family]) -> None:

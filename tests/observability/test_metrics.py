@@ -255,3 +255,25 @@ async def test_flowserve_serve_exposes_metrics(server_factory: Any, metrics_of: 
     labels = frozenset({("model", "fanout"), ("version", "1"), ("node", "join"), ("kind", "python")})
     assert m[("flowserve_node_calls", labels)] == 0
     assert proc.stop() == 0
+
+
+def test_connections_and_buffered_bytes_are_exported(
+    plane: DataPlane, metrics_of: Callable[[str], Any]
+) -> None:
+    """Open and refused connections per listener and the request byte budget (guard.py)."""
+    guards = plane.guards
+    guards.max_connections = 2
+    http = guards.listener("http")
+    assert http.admit() and http.admit() and not http.admit() and not http.admit()
+    grpc = guards.listener("grpc")
+    assert grpc.admit()
+    grpc.release()
+    assert guards.budget.take(1 << 20) and guards.budget.take(1 << 16)
+    guards.budget.limit = 2 << 20
+    assert not guards.budget.take(2 << 20)
+    m = metrics_of(scrape(make_registry(plane, process=False)).decode())
+    assert m[("flowserve_connections_open", frozenset({("listener", "http")}))] == 2
+    assert m[("flowserve_connections_refused", frozenset({("listener", "http")}))] == 2
+    assert m[("flowserve_connections_open", frozenset({("listener", "grpc")}))] == 0
+    assert m[("flowserve_request_bytes_buffered", frozenset())] == (1 << 20) + (1 << 16)
+    assert m[("flowserve_request_bytes_refused", frozenset())] == 1
