@@ -115,6 +115,7 @@ class Server:
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
         guards = Guards(opts.max_connections, ByteBudget(opts.max_buffered_request_bytes))
+        open_files_for(opts.max_connections)
         plane = DataPlane(engine, shm, opts.limits, admission=admission, guards=guards)
         if opts.log_file:
             plane.update_log_settings({"log_file": opts.log_file}, from_network=False)
@@ -218,6 +219,35 @@ async def serve(options: ServerOptions) -> int:
     await server.stop()
     log.info("stopped")
     return 0
+
+
+# file descriptors beyond the listeners' connections: models, logs, shared memory, the loop
+SPARE_FDS = 256
+
+
+def open_files_for(max_connections: int, listeners: int = 3) -> int:
+    """Raise the soft limit on open files so that every listener can hold ``max_connections``
+    (a cap the kernel's limit undercuts would never be reached: accept() fails with EMFILE
+    first, for every listener at once, with nothing in the log); warn when the hard limit does
+    not allow it. Returns the soft limit in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = listeners * max_connections + SPARE_FDS if max_connections else soft
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open files limit to %d: %s", target, exc)
+        if soft < needed:
+            log.warning(
+                "the open files limit (%d) is below what --max-connections %d needs on %d listeners "
+                "(%d): lower --max-connections or raise the limit (ulimit -n)",
+                soft, max_connections, listeners, needed,
+            )  # fmt: skip
+    return soft
 
 
 def exit_watchdog(wait_s: float = EXIT_WAIT_S) -> None:

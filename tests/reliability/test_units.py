@@ -248,3 +248,23 @@ async def test_cancelled_before_start_gives_the_instance_back() -> None:
     assert pool.abandoned == 0
     assert await pool.run(lambda _, a: a, 8) == 8
     await pool.close()
+
+
+def test_open_files_limit_is_raised_for_the_connection_caps() -> None:
+    """3 listeners x --max-connections (plus spare) must fit the open files limit, or the cap is
+    never reached: accept() fails with EMFILE first, on every listener."""
+    import resource
+    import subprocess
+    import sys
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2000:
+        pytest.skip(f"hard open files limit {hard} is too low for this test")
+    code = (
+        "import resource; from flowserve.server import open_files_for\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
+        "print(open_files_for(500), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["1756", "1756"], out
