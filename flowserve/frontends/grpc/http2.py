@@ -143,6 +143,8 @@ CONN_SEND_HARD = 256 * 1024 * 1024
 MAX_PENDING_OUT = 1024 * 1024
 # bytes in the transport's buffer, the peer not reading, past which the connection is closed
 MAX_WRITE_BUFFER = 256 * 1024 * 1024
+# frames handled in one go before the loop turns to its other connections
+FRAMES_PER_TURN = 200
 # request bytes read while reading is paused (a TLS transport may still deliver some)
 MAX_STALLED_IN = 4 * 1024 * 1024
 # control frames a connection may send at once, and per second after that
@@ -483,6 +485,8 @@ class Connection(asyncio.Protocol):
         self.flush_scheduled = False
         self.paused: asyncio.Future[None] | None = None
         self.stalled = False  # reading paused until the peer reads what was written
+        self.deferred = False  # frames read wait for the loop's next turn
+        self.reading_paused = False
         self.closing = False  # GOAWAY sent: no new streams
         self.dead = False  # a connection error was sent: nothing more is read
         self.idle: asyncio.Future[None] | None = None
@@ -558,21 +562,35 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.paused is None or self.paused.done():
             self.paused = self.loop.create_future()
-        transport = self.transport
-        if not self.stalled and transport is not None and not transport.is_closing():
+        if not self.stalled:
             self.stalled = True  # the peer does not keep up: read nothing more from it for now
-            transport.pause_reading()
+            self._set_reading()
 
     def resume_writing(self) -> None:
         if self.paused is not None and not self.paused.done():
             self.paused.set_result(None)
         if self.stalled:
             self.stalled = False
-            transport = self.transport
-            if transport is not None and not transport.is_closing() and not self.dead:
+            self._set_reading()
+            if self.buf and not self.deferred:
+                self.loop.call_soon(self._resume)
+
+    def _set_reading(self) -> None:
+        """Read from the socket unless the peer does not read (``stalled``) or frames already
+        read wait for the loop's next turn (``deferred``)."""
+        paused = self.stalled or self.deferred
+        transport = self.transport
+        if (
+            paused != self.reading_paused
+            and transport is not None
+            and not transport.is_closing()
+            and not self.dead
+        ):
+            self.reading_paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
                 transport.resume_reading()
-                if self.buf:
-                    self.loop.call_soon(self._resume)
 
     def data_received(self, data: bytes) -> None:
         if self.dead:
@@ -580,20 +598,28 @@ class Connection(asyncio.Protocol):
         self.active = True
         buf = self.buf
         buf += data
-        if self.stalled:  # a TLS transport may deliver what it had decrypted
+        if self.stalled or self.deferred:  # a TLS transport may deliver what it had decrypted
             if len(buf) > MAX_STALLED_IN:
                 self._abort_connection(ENHANCE_YOUR_CALM, "the peer sends and does not read")
             return
         self._process()
 
     def _resume(self) -> None:
+        if not (self.dead or self.stalled or self.deferred):
+            self._process()
+
+    def _next_turn(self) -> None:
+        """Go on with the frames left in ``buf`` (other connections had their turn)."""
+        self.deferred = False
         if not (self.dead or self.stalled):
             self._process()
+        if not self.deferred:
+            self._set_reading()
 
     def _process(self) -> None:
         """Handle the complete frames in ``buf`` (until reading is paused)."""
         buf = self.buf
-        pos = 0
+        pos = count = 0
         try:
             if not self.preface:
                 if len(buf) < len(PREFACE) + 9:  # the preface, and the head of the first frame
@@ -620,6 +646,13 @@ class Connection(asyncio.Protocol):
                 pos = stop
                 self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
                 if self.stalled or self.dead:
+                    break
+                count += 1
+                if count == FRAMES_PER_TURN and end - pos >= 9:
+                    # the loop's other connections first: the rest waits for the next turn
+                    self.deferred = True
+                    self._set_reading()
+                    self.loop.call_soon(self._next_turn)
                     break
         except H2Error as exc:
             self._abort_connection(exc.code, str(exc))

@@ -1,0 +1,830 @@
+"""flowserve's HTTP/2 gRPC transport (flowserve/frontends/grpc/http2.py) under hostile clients,
+in process over raw sockets (tests/h2raw.py): every attack of the attack run reproduced and
+its bound checked (output to a peer that does not read, responses held by zero windows, rapid
+reset, control-frame floods, CONTINUATION floods, compression bombs, header lists, half-open
+and idle connections, the connection cap, message prefixes and the server's byte budget,
+malformed grpc-timeout), where it matters with a good client on another connection answered
+promptly meanwhile; then RFC 9113's error cases, table-driven in the spirit of h2spec (frames
+sent -> the GOAWAY or RST_STREAM code expected)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import hpack
+import pytest
+
+from flowserve.dataplane.guard import ByteBudget, ConnectionGuard
+from flowserve.frontends.grpc import http2
+from flowserve.frontends.grpc.http2 import CallContext, Connection, Http2GrpcServer, Method
+from tests.h2raw import (
+    CONTINUATION,
+    DATA,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PRIORITY,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    RawClient,
+    frame,
+    grpc_message,
+    request_headers,
+    rst_codes,
+    trailers,
+    unary,
+)
+
+SERVICE = "/test.Echo/"
+ENHANCE_YOUR_CALM, PROTOCOL_ERROR, FRAME_SIZE_ERROR, FLOW_CONTROL_ERROR = 11, 1, 6, 3
+STREAM_CLOSED, REFUSED_STREAM, INTERNAL_ERROR, NO_ERROR = 5, 7, 2, 0
+GOOD_LATENCY_S = 1.0  # a noisy 2-core machine: generous, but far under the seconds an attack took
+
+
+class Blob:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
+        return self.data
+
+
+class Echo:
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancelled = 0
+
+    async def echo(self, request: bytes, context: CallContext) -> Blob:
+        return Blob(request)
+
+    async def big(self, request: bytes, context: CallContext) -> Blob:
+        return Blob(bytes(int(request or b"0")))  # as many bytes as the request says
+
+    async def slow(self, request: bytes, context: CallContext) -> Blob:
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return Blob(b"done")
+
+    async def stream(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[Blob]:
+        async for message in requests:
+            yield Blob(message)
+
+
+Start = Callable[..., Any]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """``await start(**Http2GrpcServer kwargs)``: a server of :class:`Echo` on 127.0.0.1."""
+    servers: list[Http2GrpcServer] = []
+
+    async def make(max_message: int = 64 * 1024 * 1024, **kwargs: Any) -> Http2GrpcServer:
+        echo = Echo()
+        methods = {
+            SERVICE + name: Method(parse=bytes, unary=getattr(echo, name)) for name in ("echo", "big", "slow")
+        }
+        methods[SERVICE + "stream"] = Method(parse=bytes, streaming=echo.stream)
+        server = Http2GrpcServer(methods, max_message=max_message, **kwargs)
+        server.echo = echo  # type: ignore[attr-defined]
+        await server.start("127.0.0.1", 0)
+        servers.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
+def held_bytes(conn: Connection) -> int:
+    """What one connection holds for its peer: the transport's buffer, frames not yet handed
+    to it, bytes read and not parsed, responses waiting for windows."""
+    transport = conn.transport
+    buffered = (
+        transport.get_write_buffer_size() if transport is not None and not transport.is_closing() else 0
+    )
+    return buffered + conn.pending_size + len(conn.buf) + conn.out_blocked
+
+
+async def under_attack(
+    server: Http2GrpcServer, attack: Callable[[], Any], path: str = SERVICE + "echo"
+) -> tuple[Any, float, int]:
+    """Run ``attack`` (in a thread) while a good client calls ``path`` on other connections and
+    the loop watches what connections hold: (the attack's result, the good client's slowest
+    call, the most any connection held)."""
+    done = threading.Event()
+    worst = [0]
+
+    def good() -> float:
+        slowest = 0.0
+        calls = 0
+        while not done.is_set() or calls < 3:
+            fields, body, took = unary(server.port, path, b"ping", timeout=10)
+            assert fields.get("grpc-status") == "0" and body.endswith(b"ping"), fields
+            slowest = max(slowest, took)
+            calls += 1
+            time.sleep(0.02)
+        return slowest
+
+    async def watch() -> None:
+        while not done.is_set():
+            worst[0] = max([worst[0], *(held_bytes(c) for c in list(server.connections))])
+            await asyncio.sleep(0.01)
+
+    def run() -> Any:
+        try:
+            return attack()
+        finally:
+            done.set()
+
+    watcher = asyncio.ensure_future(watch())
+    result, slowest = await asyncio.gather(asyncio.to_thread(run), asyncio.to_thread(good))
+    await watcher
+    return result, slowest, worst[0]
+
+
+def flood(port: int, unit: bytes, seconds: float, setup: bytes = b"", settings: bytes = b"") -> int | None:
+    """Send ``unit`` over and over for ``seconds`` without reading a byte; the GOAWAY code the
+    server sent (None: it only stopped reading, or nothing came)."""
+    with RawClient(port, timeout=0.2) as client:
+        client.handshake(settings)
+        client.send(setup)
+        batch = unit * max(1, 16384 // len(unit))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                client.sock.sendall(batch)
+            except TimeoutError:
+                continue  # the server stopped reading: it is our send buffer that is full
+            except OSError:
+                break  # closed
+        return client.goaway(seconds=3)
+
+
+# ------------------------------------------------------------------ 1, 2: output back-pressure
+
+
+async def test_unknown_methods_from_a_non_reader_are_bounded(start: Start) -> None:
+    """Tiny requests (the long path indexed in HPACK's table) answered UNIMPLEMENTED: the path
+    echoed is cut, and once the peer stops reading the server stops reading too."""
+    server = await start()
+    encoder = hpack.Encoder()
+    path = "/test.Echo/" + "x" * 3000
+    first = request_headers(path, encoder=encoder)
+    again = request_headers(path, encoder=encoder)  # all indexed: a few bytes
+    assert len(again) < 16
+
+    def attack() -> int | None:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(frame(HEADERS, 0x5, 1, first))
+            client.until(HEADERS, 1)
+            fields = trailers(client.frames(), 1)
+            assert fields["grpc-status"] == "12" and len(fields["grpc-message"]) < 200
+        sid = [1]
+
+        def unit() -> bytes:
+            sid[0] += 2
+            return frame(HEADERS, 0x5, sid[0], again)
+
+        with RawClient(server.port, timeout=0.2) as client:
+            client.handshake()
+            client.send(frame(HEADERS, 0x5, 1, first))
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                try:
+                    client.sock.sendall(b"".join(unit() for _ in range(500)))
+                except TimeoutError:
+                    pass
+                except OSError:
+                    break
+        return None
+
+    _, slowest, worst = await under_attack(server, attack)
+    assert worst < 8 * 1024 * 1024, worst  # was gigabytes
+    assert slowest < GOOD_LATENCY_S
+
+
+@pytest.mark.parametrize(
+    "unit", [frame(PING, 0, 0, bytes(8)), frame(SETTINGS, 0, 0)], ids=["ping", "settings"]
+)
+async def test_control_floods_from_a_non_reader_are_bounded(start: Start, unit: bytes) -> None:
+    server = await start()
+    code, slowest, worst = await under_attack(server, lambda: flood(server.port, unit, 1.5))
+    assert worst < 8 * 1024 * 1024, worst
+    assert code in (None, ENHANCE_YOUR_CALM)
+    assert slowest < GOOD_LATENCY_S
+
+
+async def test_responses_held_by_zero_windows_are_bounded(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that opens no window: past CONN_SEND_AHEAD new streams are refused, past
+    CONN_SEND_HARD the connection is closed (ENHANCE_YOUR_CALM), which frees it all."""
+    monkeypatch.setattr(http2, "CONN_SEND_AHEAD", 1024 * 1024)
+    monkeypatch.setattr(http2, "CONN_SEND_HARD", 4 * 1024 * 1024)
+    server = await start()
+    zero_window = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE 0
+    call = request_headers(SERVICE + "big")
+
+    def attack() -> tuple[list[int], int | None]:
+        with RawClient(server.port) as client:
+            client.handshake(zero_window)
+            for sid in range(1, 13, 2):  # 6 x 200 KB: over the soft bound
+                client.send(frame(HEADERS, 0x4, sid, call) + frame(DATA, 0x1, sid, grpc_message(b"200000")))
+            time.sleep(0.3)
+            client.send(frame(HEADERS, 0x4, 13, call) + frame(DATA, 0x1, 13, grpc_message(b"10")))
+            client.until(RST_STREAM, 13, seconds=2)
+            refused = rst_codes(client.frames(), 13)
+            for sid in range(15, 200, 2):  # far more than the hard bound, sent without waiting
+                client.send(frame(HEADERS, 0x4, sid, call) + frame(DATA, 0x1, sid, grpc_message(b"200000")))
+            return refused, client.goaway(seconds=3)
+
+    (refused, code), slowest, worst = await under_attack(server, attack)
+    assert refused == [REFUSED_STREAM]
+    assert code in (ENHANCE_YOUR_CALM, None)  # None: refused all along, never past the hard bound
+    assert worst < 6 * 1024 * 1024, worst
+    assert slowest < GOOD_LATENCY_S
+
+
+# ------------------------------------------------------------------ 3: rapid reset, floods
+
+
+async def test_rapid_reset_ends_the_connection(start: Start) -> None:
+    server = await start()
+    block = request_headers(SERVICE + "slow")
+
+    def attack() -> int | None:
+        with RawClient(server.port, timeout=0.5) as client:
+            client.handshake()
+            sid = 1
+            for _ in range(20):
+                batch = []
+                for _ in range(500):
+                    batch.append(
+                        frame(HEADERS, 0x4, sid, block) + frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big"))
+                    )
+                    sid += 2
+                if not client.send(b"".join(batch)):
+                    break
+            return client.goaway(seconds=3)
+
+    code, slowest, _ = await under_attack(server, attack)
+    assert code == ENHANCE_YOUR_CALM
+    assert slowest < GOOD_LATENCY_S
+
+
+def _open(sid: int) -> bytes:
+    return frame(HEADERS, 0x4, sid, request_headers(SERVICE + "slow"))
+
+
+@pytest.mark.parametrize(
+    ("setup", "unit"),
+    [
+        (b"", frame(PING, 0, 0, bytes(8))),
+        (b"", frame(SETTINGS, 0, 0)),
+        (b"", frame(PRIORITY, 0, 3, bytes(5))),
+        (b"", frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big"))),
+        (b"", frame(0x42, 0, 0, b"?")),  # unknown frame type
+        (_open(1), frame(DATA, 0, 1, b"")),
+    ],
+    ids=["ping", "settings", "priority", "window_update", "unknown", "empty_data"],
+)
+async def test_control_frame_floods_end_the_connection(start: Start, setup: bytes, unit: bytes) -> None:
+    server = await start()
+
+    def attack() -> int | None:
+        with RawClient(server.port, timeout=0.5) as client:
+            client.handshake()
+            client.send(setup + unit * (http2.CONTROL_BURST + 5000))
+            return client.goaway(seconds=3)
+
+    code, slowest, _ = await under_attack(server, attack)
+    assert code == ENHANCE_YOUR_CALM
+    assert slowest < GOOD_LATENCY_S
+
+
+async def test_empty_continuation_frames_are_bounded(start: Start) -> None:
+    server = await start()
+
+    def attack() -> int | None:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(
+                frame(HEADERS, 0, 1, request_headers(SERVICE + "echo")) + frame(CONTINUATION, 0, 1) * 1000
+            )
+            return client.goaway()
+
+    assert await asyncio.to_thread(attack) == ENHANCE_YOUR_CALM
+
+
+# ------------------------------------------------------------------ 4: compression bombs
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9)
+
+
+async def test_gzip_bombs_do_not_stall_the_loop(start: Start) -> None:
+    server = await start(max_message=64 * 1024 * 1024)
+    bomb = _gzip(bytes(100 * 1024 * 1024))  # about 100 KiB that inflate past the limit
+    headers = request_headers(SERVICE + "echo", [("grpc-encoding", "gzip")])
+    lag = [0.0]
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            before = loop.time()
+            await asyncio.sleep(0.005)
+            lag[0] = max(lag[0], loop.time() - before - 0.005)
+
+    def attack() -> list[str]:
+        statuses = []
+        with RawClient(server.port, timeout=10) as client:
+            client.handshake()
+            message = grpc_message(bomb, compressed=True)
+            for sid in (1, 3, 5):
+                chunks = [message[i : i + 16384] for i in range(0, len(message), 16384)]
+                client.send(frame(HEADERS, 0x4, sid, headers))
+                client.send(
+                    b"".join(
+                        frame(DATA, 0x1 if i == len(chunks) - 1 else 0, sid, c) for i, c in enumerate(chunks)
+                    )
+                )
+            for sid in (1, 3, 5):
+                client.until(HEADERS, sid, seconds=10, flags=0x1)
+                statuses.append(trailers(client.frames(), sid).get("grpc-status", ""))
+        return statuses
+
+    tick = asyncio.ensure_future(ticker())
+    statuses, slowest, _ = await under_attack(server, attack)
+    stop.set()
+    await tick
+    assert statuses == ["8", "8", "8"]  # RESOURCE_EXHAUSTED
+    assert lag[0] < 0.5, lag[0]  # was 0.73 s per bomb, one after the other: 2.2 s for these
+    assert slowest < GOOD_LATENCY_S
+
+
+async def test_large_compressed_messages_inflate_off_the_loop_correctly(start: Start) -> None:
+    server = await start(max_message=8 * 1024 * 1024)
+    payload = b"flowserve " * 300_000  # 3 MB, inflates past INFLATE_INLINE
+    for encoding, packed in (("gzip", _gzip(payload)), ("deflate", zlib.compress(payload))):
+        headers = request_headers(SERVICE + "echo", [("grpc-encoding", encoding)])
+
+        def call(headers: bytes = headers, packed: bytes = packed) -> bytes:
+            with RawClient(server.port, timeout=10) as client:
+                client.handshake((4).to_bytes(2, "big") + (2**24).to_bytes(4, "big"))
+                client.send(frame(WINDOW_UPDATE, 0, 0, (2**24).to_bytes(4, "big")))
+                client.send(frame(HEADERS, 0x4, 1, headers) + frame(DATA, 0x1, 1, grpc_message(packed, True)))
+                client.until(HEADERS, 1, seconds=10, flags=0x1)
+                assert trailers(client.frames(), 1)["grpc-status"] == "0"
+                return b"".join(f.payload for f in client.frames() if f.type == DATA)
+
+        assert (await asyncio.to_thread(call))[5:] == payload
+    # the same in a stream, in order with small messages around it
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = channel.stream_stream(SERVICE + "stream")
+        messages = [b"a", payload, b"b", payload[:1000]]
+        got = await asyncio.to_thread(
+            lambda: list(stream(iter(messages), timeout=20, compression=grpc.Compression.Gzip))
+        )
+    assert got == messages
+
+
+# ------------------------------------------------------------------ 5: header lists
+
+
+def _big_headers_then_indexed(repeat: int) -> tuple[bytes, bytes]:
+    """A request that puts a 3700-byte header in the table (beside the request's own fields,
+    under the table's 4096 bytes), and one that names it ``repeat`` times, every field indexed
+    (a byte each on the wire)."""
+    encoder = hpack.Encoder()
+    big = ("x-big", "v" * 3700)
+    base = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "echo"),
+            ("content-type", "application/grpc")]  # fmt: skip
+    first = bytes(encoder.encode([big, *base]))
+    again = bytes(encoder.encode([*base, *[big] * repeat]))
+    return first, again
+
+
+async def test_decoded_header_lists_are_bounded(start: Start) -> None:
+    server = await start()
+    first, again = _big_headers_then_indexed(50)  # 50 x 4 KB decoded from about 56 bytes
+    assert len(again) <= 64
+
+    def exchange() -> tuple[dict[str, str], dict[str, str], int | None, list[int]]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            settings = next(f for f in client.read(0.2) if f.type == SETTINGS).payload
+            advertised = {int.from_bytes(settings[i : i + 2], "big"): int.from_bytes(settings[i + 2 : i + 6], "big")
+                          for i in range(0, len(settings), 6)}  # fmt: skip
+            client.send(frame(HEADERS, 0x4, 1, first) + frame(DATA, 0x1, 1, grpc_message(b"x")))
+            client.send(frame(HEADERS, 0x4, 3, again) + frame(DATA, 0x1, 3, grpc_message(b"x")))
+            client.until(HEADERS, 3, flags=0x1)
+            frames = client.frames()
+            ok, refused = trailers(frames, 1), trailers(frames, 3)
+            # a list so large hpack stops decoding it: the connection ends
+            big = request_headers(SERVICE + "echo", [(f"x-{i}", "v" * 4000) for i in range(40)])
+            blocks = [big[i : i + 16384] for i in range(0, len(big), 16384)]
+            client.send(
+                frame(HEADERS, 0x4 if len(blocks) == 1 else 0, 5, blocks[0])
+                + b"".join(
+                    frame(CONTINUATION, 0x4 if i == len(blocks) - 1 else 0, 5, b)
+                    for i, b in enumerate(blocks)
+                    if i
+                )
+            )
+            return ok, refused, client.goaway(), [advertised.get(6, 0)]
+
+    ok, refused, code, advertised = await asyncio.to_thread(exchange)
+    assert ok["grpc-status"] == "0"
+    assert refused["grpc-status"] == "8" and "header list" in refused["grpc-message"]
+    assert code == ENHANCE_YOUR_CALM
+    assert advertised == [http2.MAX_HEADER_LIST]
+
+
+async def test_header_bytes_held_by_open_streams_are_bounded(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http2, "MAX_HEADERS_HELD", 64 * 1024)
+    server = await start()
+
+    def exchange() -> list[int]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            for sid in range(1, 41, 2):  # 20 open streams of about 10 KB of headers each
+                fields = [(f"x-h{sid}-{i}", "v" * 1000) for i in range(10)]
+                client.send(frame(HEADERS, 0x4, sid, request_headers(SERVICE + "slow", fields)))
+            client.read(0.5)
+            return [sid for sid in range(1, 41, 2) if rst_codes(client.frames(), sid) == [REFUSED_STREAM]]
+
+    refused = await asyncio.to_thread(exchange)
+    assert 5 <= len(refused) <= 14 and refused == sorted(refused) and refused[-1] == 39
+
+
+# ------------------------------------------------------------------ 6: timeouts, connection cap
+
+
+async def test_half_open_connections_time_out(start: Start) -> None:
+    server = await start(handshake_timeout_s=0.3, idle_timeout_s=0)
+
+    def exchange() -> list[float]:
+        took = []
+        for opening in (b"", b"PRI * HTTP/2.0\r\n", http2.PREFACE):  # nothing, half a preface, no SETTINGS
+            begin = time.monotonic()
+            with RawClient(server.port) as client:
+                client.send(opening)
+                assert client.wait_closed(5)
+            took.append(time.monotonic() - begin)
+        return took
+
+    for took in await asyncio.to_thread(exchange):
+        assert 0.25 <= took < 2.5
+
+
+async def test_idle_connections_get_goaway_and_close(start: Start) -> None:
+    server = await start(idle_timeout_s=0.3)
+
+    def exchange() -> tuple[int | None, float, bool]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(
+                frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo"))
+                + frame(DATA, 0x1, 1, grpc_message(b"x"))
+            )
+            begin = time.monotonic()
+            code = client.goaway(seconds=5)
+            return code, time.monotonic() - begin, client.wait_closed(3)
+
+    code, took, closed = await asyncio.to_thread(exchange)
+    assert code == NO_ERROR and closed and took < 2.5
+
+    # a call in progress keeps its connection
+    def busy() -> int | None:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "slow")))
+            return client.goaway(seconds=1.0)
+
+    assert await asyncio.to_thread(busy) is None
+
+
+async def test_connection_cap(start: Start) -> None:
+    guard = ConnectionGuard("grpc", limit=2)
+    server = await start(guard=guard)
+
+    def exchange() -> tuple[bool, int]:
+        with RawClient(server.port) as a, RawClient(server.port) as b:
+            a.handshake()
+            b.handshake()
+            assert a.until(SETTINGS) and b.until(SETTINGS)
+            with RawClient(server.port) as c:
+                refused = c.wait_closed(3) and not c.frames()  # closed at once, not even SETTINGS
+            return refused, guard.refused
+
+    refused, count = await asyncio.to_thread(exchange)
+    assert refused and count == 1
+    for _ in range(100):
+        if guard.open == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert guard.open == 0  # each admitted connection released once
+    fields, _, _ = await asyncio.to_thread(unary, server.port, SERVICE + "echo", b"x")
+    assert fields["grpc-status"] == "0"
+    await asyncio.sleep(0.1)
+    assert guard.open == 0 and guard.opened == 3
+
+
+def test_tls_handshake_timeout_is_passed_to_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    seen: dict[str, Any] = {}
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        original = loop.create_server
+
+        async def create_server(*args: Any, **kwargs: Any) -> Any:
+            seen.update(kwargs)
+            kwargs.pop("ssl")
+            kwargs.pop("ssl_handshake_timeout")
+            return await original(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "create_server", create_server)
+        server = Http2GrpcServer({}, 1024, handshake_timeout_s=3.5)
+        await server.start("127.0.0.1", 0, tls=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+        await server.stop(0)
+
+    asyncio.run(run())
+    assert seen["ssl_handshake_timeout"] == 3.5
+
+
+# ------------------------------------------------------------------ 7: message prefix, budget
+
+
+async def test_a_message_over_the_limit_is_refused_from_its_prefix(start: Start) -> None:
+    server = await start(max_message=1024 * 1024)
+
+    def exchange() -> tuple[dict[str, str], list[int]]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            prefix = b"\x00" + (50 * 1024 * 1024).to_bytes(4, "big") + b"abc"
+            client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")) + frame(DATA, 0, 1, prefix))
+            client.until(HEADERS, 1, flags=0x1, seconds=3)
+            answered = trailers(client.frames(), 1)
+            client.send(frame(DATA, 0, 1, bytes(16000)) * 4)  # the rest: ignored, window kept right
+            client.send(
+                frame(HEADERS, 0x4, 3, request_headers(SERVICE + "echo"))
+                + frame(DATA, 0x1, 3, grpc_message(b"ok"))
+            )
+            client.until(HEADERS, 3, flags=0x1)
+            return answered | {"next": trailers(client.frames(), 3)["grpc-status"]}, rst_codes(
+                client.frames(), 1
+            )
+
+    fields, resets = await asyncio.to_thread(exchange)
+    assert fields["grpc-status"] == "8" and "52428800 vs. 1048576" in fields["grpc-message"]
+    assert fields["next"] == "0" and resets == [NO_ERROR]
+
+
+async def test_the_byte_budget_refuses_and_is_given_back(start: Start) -> None:
+    budget = ByteBudget(limit=1024 * 1024)
+    server = await start(budget=budget)
+    declare = b"\x00" + (700 * 1024).to_bytes(4, "big") + bytes(1000)
+
+    def exchange() -> tuple[str, str, int]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(
+                frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")) + frame(DATA, 0, 1, declare)
+            )
+            client.send(
+                frame(HEADERS, 0x4, 3, request_headers(SERVICE + "echo")) + frame(DATA, 0, 3, declare)
+            )
+            client.until(HEADERS, 3, flags=0x1)
+            refused = trailers(client.frames(), 3)
+            in_use = budget.in_use
+            client.send(frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big")))  # the first one dies
+            time.sleep(0.1)
+            return refused["grpc-status"], refused["grpc-message"], in_use
+
+    status, message, in_use = await asyncio.to_thread(exchange)
+    assert status == "8" and "budget" in message
+    assert in_use == 700 * 1024
+    assert budget.in_use == 0
+    # a stream of large messages: each taken while it arrives, given back once parsed
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = channel.stream_stream(SERVICE + "stream")
+        messages = [bytes([i]) * (300 * 1024) for i in range(6)]
+        assert await asyncio.to_thread(lambda: list(stream(iter(messages), timeout=20))) == messages
+    assert budget.in_use == 0
+
+    # a connection lost mid-message gives its bytes back
+    def lose() -> None:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(
+                frame(HEADERS, 0x4, 1, request_headers(SERVICE + "stream")) + frame(DATA, 0, 1, declare)
+            )
+            time.sleep(0.1)
+            assert budget.in_use == 700 * 1024
+
+    await asyncio.to_thread(lose)
+    for _ in range(100):
+        if budget.in_use == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert budget.in_use == 0
+
+
+# ------------------------------------------------------------------ 8: grpc-timeout, exceptions
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\u0661\u0660\u0660m".encode(),
+        "\uff11\uff10\uff10m".encode(),
+        b"\xb2\xb2m",
+        b"1.5S",
+        b"100x",
+        b"123456789m",
+    ],
+    ids=["arabic-indic", "fullwidth", "superscript", "fraction", "unit", "too-long"],
+)
+async def test_a_malformed_grpc_timeout_is_answered(start: Start, value: bytes) -> None:
+    server = await start()
+    block = hpack.Encoder().encode(
+        [(b":method", b"POST"), (b":scheme", b"http"), (b":path", (SERVICE + "echo").encode()), (b":authority", b"x"),
+         (b"content-type", b"application/grpc"), (b"grpc-timeout", value)]
+    )  # fmt: skip
+
+    def exchange() -> dict[str, str]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(frame(HEADERS, 0x4, 1, block) + frame(DATA, 0x1, 1, grpc_message(b"x")))
+            client.until(HEADERS, 1, flags=0x1, seconds=3)
+            return trailers(client.frames(), 1)
+
+    fields = await asyncio.to_thread(exchange)
+    assert fields["grpc-status"] == "13" and "grpc-timeout" in fields["grpc-message"]
+    assert all(not c.streams for c in server.connections)  # no stream slot leaked
+
+
+async def test_an_unexpected_exception_is_one_line_and_goaway(
+    start: Start, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await start()
+
+    def broken(self: Connection, sid: int, payload: bytes) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Connection, "_priority", broken)
+
+    def exchange() -> int | None:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(frame(PRIORITY, 0, 1, bytes(5)))
+            return client.goaway()
+
+    with caplog.at_level(logging.DEBUG, logger="flowserve.grpc"):
+        assert await asyncio.to_thread(exchange) == INTERNAL_ERROR
+    lines = [r for r in caplog.records if "a bug" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None and lines[0].levelno == logging.WARNING
+
+
+# ------------------------------------------------------------------ RFC 9113 error cases
+
+
+def _h(sid: int, flags: int = 0x4, method: str = "slow") -> bytes:
+    return frame(HEADERS, flags, sid, request_headers(SERVICE + method))
+
+
+def _u32(value: int) -> bytes:
+    return value.to_bytes(4, "big")
+
+
+def _setting(key: int, value: int) -> bytes:
+    return key.to_bytes(2, "big") + value.to_bytes(4, "big")
+
+
+# (case, frames after the handshake, ("goaway", code) or ("rst", sid, code))
+RFC_CASES: list[tuple[str, bytes, tuple[Any, ...]]] = [
+    # 4.2 frame size
+    ("4.2 DATA over SETTINGS_MAX_FRAME_SIZE", _h(1) + frame(DATA, 0, 1, bytes(16385)), ("goaway", FRAME_SIZE_ERROR)),
+    # 5.1 stream states
+    ("5.1 DATA on an idle stream", frame(DATA, 0, 1, b"x"), ("goaway", PROTOCOL_ERROR)),
+    ("5.1 RST_STREAM on an idle stream", frame(RST_STREAM, 0, 1, _u32(8)), ("goaway", PROTOCOL_ERROR)),
+    ("5.1 WINDOW_UPDATE on an idle stream", frame(WINDOW_UPDATE, 0, 1, _u32(1)), ("goaway", PROTOCOL_ERROR)),
+    ("5.1 DATA on a half-closed (remote) stream", _h(1, 0x5) + frame(DATA, 0, 1, b"x"), ("rst", 1, STREAM_CLOSED)),
+    ("5.1 DATA after the client reset", _h(1) + frame(RST_STREAM, 0, 1, _u32(8)) + frame(DATA, 0, 1, b"x"),
+     ("rst", 1, STREAM_CLOSED)),
+    ("5.1 HEADERS (not END_STREAM) as trailers", _h(1) + _h(1), ("rst", 1, PROTOCOL_ERROR)),
+    ("5.1.1 an even stream id", _h(2), ("goaway", PROTOCOL_ERROR)),
+    ("5.1.1 a stream id going backwards", _h(5) + _h(3), ("goaway", PROTOCOL_ERROR)),
+    # 5.3.1 a stream depending on itself
+    ("5.3.1 HEADERS depending on itself", frame(HEADERS, 0x24, 1, _u32(1) + b"\x10" + request_headers(SERVICE + "slow")),
+     ("rst", 1, PROTOCOL_ERROR)),
+    ("5.3.1 PRIORITY depending on itself", frame(PRIORITY, 0, 1, _u32(1) + b"\x10"), ("rst", 1, PROTOCOL_ERROR)),
+    # 6.1 DATA
+    ("6.1 DATA on stream 0", frame(DATA, 0, 0, b"x"), ("goaway", PROTOCOL_ERROR)),
+    ("6.1 DATA with padding past its payload", _h(1) + frame(DATA, 0x8, 1, b"\x05abc"), ("goaway", PROTOCOL_ERROR)),
+    ("6.1 PADDED DATA without a pad length", _h(1) + frame(DATA, 0x8, 1, b""), ("goaway", PROTOCOL_ERROR)),
+    # 6.2 HEADERS
+    ("6.2 HEADERS on stream 0", frame(HEADERS, 0x4, 0, request_headers(SERVICE + "slow")), ("goaway", PROTOCOL_ERROR)),
+    ("6.2 PADDED HEADERS, empty", frame(HEADERS, 0xC, 1, b""), ("goaway", PROTOCOL_ERROR)),
+    ("6.2 HEADERS with padding past its payload", frame(HEADERS, 0xC, 1, b"\xff" + request_headers(SERVICE + "slow")),
+     ("goaway", PROTOCOL_ERROR)),
+    ("6.2 another frame inside a header block", frame(HEADERS, 0, 1, b"") + frame(PING, 0, 0, bytes(8)),
+     ("goaway", PROTOCOL_ERROR)),
+    # 6.3 PRIORITY
+    ("6.3 PRIORITY on stream 0", frame(PRIORITY, 0, 0, bytes(5)), ("goaway", PROTOCOL_ERROR)),
+    ("6.3 PRIORITY of the wrong length", frame(PRIORITY, 0, 1, bytes(4)), ("rst", 1, FRAME_SIZE_ERROR)),
+    # 6.4 RST_STREAM
+    ("6.4 RST_STREAM on stream 0", frame(RST_STREAM, 0, 0, _u32(8)), ("goaway", PROTOCOL_ERROR)),
+    ("6.4 RST_STREAM of the wrong length", _h(1) + frame(RST_STREAM, 0, 1, bytes(3)), ("goaway", FRAME_SIZE_ERROR)),
+    # 6.5 SETTINGS
+    ("6.5 SETTINGS ACK with a payload", frame(SETTINGS, 0x1, 0, bytes(6)), ("goaway", FRAME_SIZE_ERROR)),
+    ("6.5 SETTINGS on a stream", frame(SETTINGS, 0, 1), ("goaway", PROTOCOL_ERROR)),
+    ("6.5 SETTINGS not a multiple of 6", frame(SETTINGS, 0, 0, bytes(3)), ("goaway", FRAME_SIZE_ERROR)),
+    ("6.5.2 ENABLE_PUSH 2", frame(SETTINGS, 0, 0, _setting(2, 2)), ("goaway", PROTOCOL_ERROR)),
+    ("6.5.2 INITIAL_WINDOW_SIZE past 2^31-1", frame(SETTINGS, 0, 0, _setting(4, 2**31)), ("goaway", FLOW_CONTROL_ERROR)),
+    ("6.5.2 MAX_FRAME_SIZE too small", frame(SETTINGS, 0, 0, _setting(5, 16383)), ("goaway", PROTOCOL_ERROR)),
+    ("6.5.2 MAX_FRAME_SIZE too large", frame(SETTINGS, 0, 0, _setting(5, 2**24)), ("goaway", PROTOCOL_ERROR)),
+    # 6.7 PING
+    ("6.7 PING on a stream", frame(PING, 0, 1, bytes(8)), ("goaway", PROTOCOL_ERROR)),
+    ("6.7 PING of the wrong length", frame(PING, 0, 0, bytes(7)), ("goaway", FRAME_SIZE_ERROR)),
+    # 6.8 GOAWAY
+    ("6.8 GOAWAY on a stream", frame(GOAWAY, 0, 1, bytes(8)), ("goaway", PROTOCOL_ERROR)),
+    ("6.8 GOAWAY too short", frame(GOAWAY, 0, 0, bytes(7)), ("goaway", FRAME_SIZE_ERROR)),
+    # 6.9 WINDOW_UPDATE
+    ("6.9 WINDOW_UPDATE of 0 on the connection", frame(WINDOW_UPDATE, 0, 0, _u32(0)), ("goaway", PROTOCOL_ERROR)),
+    ("6.9 WINDOW_UPDATE of 0 on a stream", _h(1) + frame(WINDOW_UPDATE, 0, 1, _u32(0)), ("rst", 1, PROTOCOL_ERROR)),
+    ("6.9 WINDOW_UPDATE of the wrong length", frame(WINDOW_UPDATE, 0, 0, bytes(3)), ("goaway", FRAME_SIZE_ERROR)),
+    ("6.9.1 connection window past 2^31-1", frame(WINDOW_UPDATE, 0, 0, _u32(2**31 - 1)), ("goaway", FLOW_CONTROL_ERROR)),
+    ("6.9.1 stream window past 2^31-1", _h(1) + frame(WINDOW_UPDATE, 0, 1, _u32(2**31 - 1)),
+     ("rst", 1, FLOW_CONTROL_ERROR)),
+    ("6.9.2 INITIAL_WINDOW_SIZE overflowing a stream", _h(1) + frame(WINDOW_UPDATE, 0, 1, _u32(2**31 - 70_000))
+     + frame(SETTINGS, 0, 0, _setting(4, 100_000)), ("goaway", FLOW_CONTROL_ERROR)),
+    # 6.10 CONTINUATION
+    ("6.10 CONTINUATION without HEADERS", frame(CONTINUATION, 0x4, 1, b"\x82"), ("goaway", PROTOCOL_ERROR)),
+    ("6.10 CONTINUATION on another stream", frame(HEADERS, 0, 1, b"") + frame(CONTINUATION, 0x4, 3, b"\x82"),
+     ("goaway", PROTOCOL_ERROR)),
+    # 8.4 server push
+    ("8.4 PUSH_PROMISE from a client", frame(5, 0x4, 1, _u32(2)), ("goaway", PROTOCOL_ERROR)),
+    # HPACK
+    ("4.3 a header block that does not decode", frame(HEADERS, 0x4, 1, b"\xff\xff\xff\xff"),
+     ("goaway", 9)),
+]  # fmt: skip
+
+
+@pytest.fixture
+async def rfc_server(start: Start) -> Http2GrpcServer:
+    server: Http2GrpcServer = await start()
+    return server
+
+
+@pytest.mark.parametrize(("sent", "expected"), [c[1:] for c in RFC_CASES], ids=[c[0] for c in RFC_CASES])
+async def test_rfc9113_error_cases(
+    rfc_server: Http2GrpcServer, sent: bytes, expected: tuple[Any, ...]
+) -> None:
+    def exchange() -> tuple[int | None, list[int], bool]:
+        with RawClient(rfc_server.port) as client:
+            client.handshake()
+            client.send(sent)
+            if expected[0] == "goaway":
+                return client.goaway(seconds=3), [], client.wait_closed(3)
+            client.until(RST_STREAM, expected[1], seconds=3)
+            # and the connection is still up: a PING is answered
+            client.send(frame(PING, 0, 0, b"12345678"))
+            alive = client.until(PING, 0, seconds=3, flags=0x1)
+            return None, rst_codes(client.frames(), expected[1]), alive
+
+    code, resets, flag = await asyncio.to_thread(exchange)
+    if expected[0] == "goaway":
+        assert code == expected[1] and flag  # GOAWAY, then closed
+    else:
+        assert resets[:1] == [expected[2]] and flag
+
+
+async def test_first_frame_must_be_settings(rfc_server: Http2GrpcServer) -> None:
+    def exchange() -> int | None:
+        with RawClient(rfc_server.port) as client:
+            client.send(http2.PREFACE + frame(PING, 0, 0, bytes(8)))
+            return client.goaway()
+
+    assert await asyncio.to_thread(exchange) == PROTOCOL_ERROR
