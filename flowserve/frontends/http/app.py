@@ -3,6 +3,34 @@
 No framework and no middleware: the hot path (``POST /v2/models/{m}/infer``) reads the body,
 decodes the tensors straight into numpy, awaits the data plane and writes the encoded response.
 Every error becomes ``{"error": "..."}`` with the status from :mod:`.errors`.
+
+What a client can make the server hold or do, and its bound:
+
+- a request body: at most ``limits.max_request_bytes`` (413, refused from Content-Length
+  before anything is read, with ``Connection: close``). Bodies of ``guard.SMALL`` bytes or
+  more also take their size from the server's :class:`~flowserve.dataplane.guard.ByteBudget`
+  (``plane.guards.budget``) before they are read (chunked ones as they arrive, in doubling
+  steps); what does not fit is refused with 503 and ``Connection: close``. The bytes are
+  given back once, when the request's answer has been sent (or it failed, or the client
+  left), so they cover the body and what is decoded from it (tensors are views of a binary
+  body). Small requests take no part in this: one comparison on their path.
+- a compressed body: inflated in ``INFLATE_STEP`` steps, each checked against the request
+  size limit (a bomb stops one step past it), in a worker thread when the compressed body is
+  over ``INFLATE_IN_THREAD`` (zlib releases the GIL); the inflated bytes take budget too.
+- a JSON document: JSON becomes about ``JSON_EXPANSION`` times its size in Python objects, so
+  JSON bodies (or the JSON header of a binary request) over ``max_json_bytes`` (default
+  ``DEFAULT_MAX_JSON_BYTES``, 32 MiB, never more than the request limit) get 413 naming the
+  binary tensor data extension, and those of SMALL bytes or more take ``JSON_EXPANSION`` times
+  their size from the budget. Over ``JSON_IN_THREAD`` (1 MiB) a document is parsed in a
+  worker thread, in chunks, so the GIL (and the event loop) is let go between chunks.
+  Documents nested deeper than the parser allows (about 1000 levels, both parsers), or too
+  deep for any later walk of them (``RecursionError``), are 400.
+- a compressed response (Accept-Encoding) over ``INFLATE_IN_THREAD`` is compressed in a
+  worker thread.
+- a ``generate_stream``: cancelled as soon as its client disconnects, on either server (a
+  task watches ``receive`` for ``http.disconnect``), which closes the plane's stream and with
+  it the graph's work; a client that stops reading holds its own stream (the server's sends
+  wait for the socket) and nothing else.
 """
 
 from __future__ import annotations
@@ -48,7 +76,7 @@ _OCTET = b"application/octet-stream"
 _JOIN_LIMIT = 1 << 20  # bodies above this go out in several chunks instead of one copy
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 INFLATE_STEP = 1 << 20  # bytes inflated per step, each checked against the request size limit
-INFLATE_IN_THREAD = 64 << 10  # compressed bodies above this are inflated in a worker thread
+INFLATE_IN_THREAD = 64 << 10  # compressed bodies (or responses to compress) above this: a thread
 JSON_IN_THREAD = 1 << 20  # JSON documents above this are parsed in a worker thread, in chunks
 DEFAULT_MAX_JSON_BYTES = 32 << 20  # JSON bodies above this: 413 (use binary tensor data)
 JSON_EXPANSION = 8  # a JSON body becomes about this many times its size in Python objects
@@ -322,7 +350,10 @@ class HttpApp:
         else:
             reply = Reply(200, [encoded.header])
         if headers.accept_encoding:
-            _compress(reply, headers.accept_encoding)
+            if sum(len(c) for c in reply.chunks) <= INFLATE_IN_THREAD:
+                _compress(reply, headers.accept_encoding)
+            else:
+                await asyncio.to_thread(_compress, reply, headers.accept_encoding)
         return reply
 
     # ------------------------------------------------------------------ repository

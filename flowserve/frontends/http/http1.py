@@ -13,19 +13,35 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
 - the response head is held until the first body message, so a response goes out in one write;
 - response headers are written as the app gives them (the app is this server's own code);
 - requests on one connection are answered in order (pipelining): one runs at a time, those
-  parsed behind it wait, and reading pauses when ``MAX_PIPELINED`` are waiting;
+  parsed behind it wait, and reading pauses when ``MAX_PIPELINED`` are waiting, or when the
+  body of a waiting request passes ``QUEUED_BODY_HIGH_WATER`` (so one connection holds at most
+  about ``BODY_HIGH_WATER`` + 16 heads + ``QUEUED_BODY_HIGH_WATER`` of request bytes);
 - a request body is kept in memory as it arrives and handed to the app by ``receive``; reading
   pauses while more than ``BODY_HIGH_WATER`` bytes wait unread (the app enforces the request
-  size limit and answers 413 as soon as it is passed; what follows of that body is discarded);
+  size limit and the server's byte budget and answers 413/503 as soon as they are passed;
+  what follows of that body is discarded);
 - ``Expect: 100-continue`` is answered when the app first asks for the body;
 - a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
 - ``send`` waits while the socket's send buffer is over its high-water mark (a slow reader
   holds its own request, not the server's memory);
 - keep-alive by HTTP version and ``Connection``; a connection closes after
   ``idle_timeout_s`` with no request or with a request head still incomplete (a client
-  trickling headers); a head over ``MAX_HEAD`` bytes gets 431, a malformed request 400, and
-  the connection closes;
-- a client that goes away: ``receive`` answers ``http.disconnect``, later sends are dropped.
+  trickling headers: the timer is armed once when the connection goes idle and is not reset
+  by the bytes of a head, so it bounds the whole head); a head over ``MAX_HEAD`` bytes or
+  ``MAX_HEADERS`` lines gets 431, a malformed request 400, and the connection closes;
+- a request body that makes no progress for ``body_timeout_s`` while the server is reading
+  it gets 408 and the connection closes (one timer per connection, armed only when a body
+  does not arrive with its head, and re-armed from a progress counter when it fires, never
+  per chunk; time when the server itself does not read, paused or before 100-continue, does
+  not count);
+- an answer with ``Connection: close`` (the app's, for a body it will not read) while the
+  body is still arriving: the server ends its side of the stream after the answer, drops
+  what still comes unparsed for up to ``LINGER_S`` and closes (closing at once would reset
+  the connection and the client could lose the answer);
+- at most ``guard.limit`` connections (the listener's :class:`ConnectionGuard`): one past it
+  gets a canned 503 and is closed before anything is parsed; the guard logs refusals;
+- a client that goes away: ``receive`` answers ``http.disconnect``, later sends are dropped
+  at once (a send waiting on a full socket is woken), so the app can end what it was doing.
 
 ``stop(grace_s)`` stops accepting, closes idle connections, lets requests in flight finish for
 up to ``grace_s`` (their connections close after the response), then cancels what is left
