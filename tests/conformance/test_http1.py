@@ -472,3 +472,20 @@ async def test_a_stream_to_a_client_that_went_away_does_not_block(
     writer.transport.abort()
     await until(lambda: not server.connections)
     assert app.active == 0
+
+
+async def test_the_body_timer_left_by_one_request_watches_the_next() -> None:
+    server, port = await start_server(App(), body_timeout_s=0.3)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        first = post("/a", b"0123456789")
+        writer.write(first[:-5])  # the body comes in two parts: the timer is armed
+        await asyncio.sleep(0.05)
+        writer.write(first[-5:])
+        assert (await read_response(reader))[2] == b"POST /a 0123456789"
+        writer.write(post("/b", b"0123456789")[:-5])  # and this one stalls
+        status, headers, _ = await read_response(reader)
+        assert (status, headers[b"connection"]) == (408, b"close")
+        writer.close()
+    finally:
+        await server.stop(grace_s=0)

@@ -31,8 +31,9 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
   ``MAX_HEADERS`` lines gets 431, a malformed request 400, and the connection closes;
 - a request body that makes no progress for ``body_timeout_s`` while the server is reading
   it gets 408 and the connection closes (one timer per connection, armed only when a body
-  does not arrive with its head, and re-armed from a progress counter when it fires, never
-  per chunk; time when the server itself does not read, paused or before 100-continue, does
+  does not arrive with its head and none is pending, re-armed from a progress counter when it
+  fires, never per chunk or cancelled per request: a stall is seen within one to two
+  ``body_timeout_s``; time when the server itself does not read, paused or before 100-continue, does
   not count);
 - an answer with ``Connection: close`` (the app's, for a body it will not read) while the
   body is still arriving: the server ends its side of the stream after the answer, drops
@@ -154,6 +155,7 @@ class Connection(asyncio.Protocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_seen = 0  # on_body calls: progress, as the body timer sees it
         self._body_mark = 0  # ... when the body timer was armed
+        self._body_request: _Request | None = None  # ... and for which request
 
     # ------------------------------------------------------------------ transport events
 
@@ -311,9 +313,6 @@ class Connection(asyncio.Protocol):
             request.complete = True
             _wake(request)
         self.parsing = None
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
 
     # ------------------------------------------------------------------ running requests
 
@@ -505,19 +504,23 @@ class Connection(asyncio.Protocol):
 
     def _arm_body(self) -> None:
         self._body_mark = self._body_seen
+        self._body_request = self.parsing
         self._body_timer = self.loop.call_later(self.server.body_timeout_s, self._body_check)
 
     def _body_check(self) -> None:
         """The body timer: a request body that made no progress for ``body_timeout_s`` while
-        the server was reading it ends with 408 and the connection closes. Time the server
-        itself did not read (paused: the app has not asked, or requests wait ahead of it;
-        100-continue not yet sent) does not count."""
+        the server was reading it ends with 408 and the connection closes (a timer left from
+        an earlier request's body is re-armed for this one: never a timer per request). Time
+        the server itself did not read (paused: the app has not asked, or requests wait ahead
+        of it; 100-continue not yet sent) does not count."""
         self._body_timer = None
         request = self.parsing
         if request is None or self.gone or self._broken:
+            self._body_request = None
             return
         if (
             self._paused
+            or request is not self._body_request  # the body it was armed for has ended
             or self._body_seen != self._body_mark
             or (request.expect_continue and not request.continue_sent)
         ):
