@@ -314,6 +314,8 @@ class HttpApp:
 
     async def _infer(self, model: str, version: str, scope: Scope, receive: Receive) -> Reply:
         headers = read_headers(scope)
+        if headers.header_length is None:
+            self._check_json_length(headers, "inference request JSON")
         body = await self._body(headers, receive, scope)
         if headers.content_encoding and headers.content_encoding != "identity":
             body = await self._inflate(body, headers.content_encoding, scope)
@@ -526,16 +528,26 @@ class HttpApp:
         Python objects counted against the budget, parsed in a worker thread in chunks."""
         size = len(data)
         if size > self.max_json_bytes:
-            raise ResourceExhausted(
-                f"{what} of {size} bytes exceeds the server's limit of {self.max_json_bytes} bytes "
-                "for JSON; send large tensors as binary data (the binary tensor data extension: "
-                "'binary_data_size' and the Inference-Header-Content-Length header)"
-            )
+            raise ResourceExhausted(self._json_refusal(size, what))
         self._hold(scope, size * JSON_EXPANSION)
         return await asyncio.to_thread(parse_json, data, what, True)
 
+    def _check_json_length(self, headers: RequestHeaders, what: str) -> None:
+        """A body that is all JSON, declared over ``max_json_bytes``: 413 before it is read."""
+        declared = headers.content_length
+        if declared is not None and declared > self.max_json_bytes and not headers.content_encoding:
+            raise BodyRefused(413, self._json_refusal(declared, what))
+
+    def _json_refusal(self, size: int, what: str) -> str:
+        return (
+            f"{what} of {size} bytes exceeds the server's limit of {self.max_json_bytes} bytes "
+            "for JSON; send large tensors as binary data (the binary tensor data extension: "
+            "'binary_data_size' and the Inference-Header-Content-Length header)"
+        )
+
     async def _json_body(self, scope: Scope, receive: Receive, what: str) -> Any:
         headers = read_headers(scope)
+        self._check_json_length(headers, what)
         body = await self._body(headers, receive, scope)
         if headers.content_encoding and headers.content_encoding != "identity":
             body = await self._inflate(body, headers.content_encoding, scope)
