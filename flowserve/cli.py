@@ -189,6 +189,22 @@ def _trace_config(args: argparse.Namespace) -> TraceConfig | None:
     return parse_trace_config(args.trace_config)
 
 
+def _check_bounds(args: argparse.Namespace) -> None:
+    """Timeouts and connection/byte bounds are >= 0 (0: none)."""
+    for flag in (
+        "max_connections",
+        "max_buffered_request_bytes",
+        "http_idle_timeout_secs",
+        "http_body_timeout_secs",
+        "grpc_handshake_timeout_secs",
+        "grpc_idle_timeout_secs",
+    ):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0 (0: none)")
+    if args.http_max_json_bytes is not None and args.http_max_json_bytes <= 0:
+        raise ValueError("--http-max-json-bytes must be > 0")
+
+
 def _flag(text: str) -> bool:
     """A Triton-style boolean option value (``--grpc-use-ssl=true``)."""
     value = text.strip().lower()
@@ -217,6 +233,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         header_forward = _header_forward(args)
         grpc_tls = _grpc_tls(args)
         trace_config = _trace_config(args)
+        _check_bounds(args)
         if args.log_file:
             with open(args.log_file, "a"):  # the server appends to it; refuse a path it cannot write
                 pass
@@ -255,6 +272,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_buffered_request_bytes=args.max_buffered_request_bytes,
         log_file=args.log_file or "",
+        http_idle_timeout_s=args.http_idle_timeout_secs,
+        http_body_timeout_s=args.http_body_timeout_secs,
+        grpc_handshake_timeout_s=args.grpc_handshake_timeout_secs,
+        grpc_idle_timeout_s=args.grpc_idle_timeout_secs,
+        http_max_json_bytes=args.http_max_json_bytes,
         max_inflight_requests=args.max_inflight_requests,
         max_inflight_per_model=args.max_inflight_per_model,
         http_restrictions=http_restrictions,
@@ -423,6 +445,43 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="request bytes held in memory across all requests; a request that does not fit is refused "
         "before it is read (HTTP 503, gRPC RESOURCE_EXHAUSTED; 0: no budget)",
+    )
+    timeouts = serve.add_argument_group("connection timeouts (seconds; 0: none)")
+    timeouts.add_argument(
+        "--http-idle-timeout-secs",
+        type=float,
+        default=75.0,
+        metavar="S",
+        help="an HTTP connection with no request, or with a request head still incomplete, is closed",
+    )
+    timeouts.add_argument(
+        "--http-body-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request body that makes no progress this long gets 408 and the connection closes",
+    )
+    timeouts.add_argument(
+        "--grpc-handshake-timeout-secs",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="TLS handshake, HTTP/2 preface and first SETTINGS of a gRPC connection must be done within it",
+    )
+    timeouts.add_argument(
+        "--grpc-idle-timeout-secs",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="a gRPC connection with no open call and no frame this long gets GOAWAY and is closed",
+    )
+    serve.add_argument(
+        "--http-max-json-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="largest JSON request body (or JSON header of a binary request); default 32 MiB, at most "
+        "--max-request-bytes; larger tensors go as binary data",
     )
     serve.add_argument(
         "--log-file",

@@ -72,6 +72,13 @@ class ServerOptions:
     max_buffered_request_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     # --log-file: the only way to set the log file (the logging API cannot change file locations)
     log_file: str = ""
+    # connection timeouts (seconds; 0: none): HTTP keep-alive idle and request head, HTTP body
+    # progress, gRPC handshake (TLS, preface, first SETTINGS) and gRPC idle (no stream, no frame)
+    http_idle_timeout_s: float = 75.0
+    http_body_timeout_s: float = 30.0
+    grpc_handshake_timeout_s: float = 10.0
+    grpc_idle_timeout_s: float = 300.0
+    http_max_json_bytes: int | None = None  # None: 32 MiB (frontends/http/app.py)
     max_inflight_requests: int = DEFAULT_MAX_IN_FLIGHT
     max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
     http_restrictions: Restrictions = field(default_factory=Restrictions)
@@ -131,7 +138,15 @@ class Server:
                 mounts = {"/ui": make_ui_app(plane)}
                 self.listeners.append(
                     await start_http(
-                        plane, opts.host, opts.http_port, mounts, opts.http_restrictions, opts.http_server
+                        plane,
+                        opts.host,
+                        opts.http_port,
+                        mounts,
+                        opts.http_restrictions,
+                        opts.http_server,
+                        idle_timeout_s=opts.http_idle_timeout_s,
+                        body_timeout_s=opts.http_body_timeout_s,
+                        max_json_bytes=opts.http_max_json_bytes,
                     )
                 )
             if opts.grpc_port >= 0:
@@ -146,6 +161,8 @@ class Server:
                         opts.grpc_server,
                         opts.grpc_tls,
                         opts.grpc_response_compression,
+                        handshake_timeout_s=opts.grpc_handshake_timeout_s,
+                        idle_timeout_s=opts.grpc_idle_timeout_s,
                     )
                 )
             if opts.metrics_port >= 0:

@@ -349,7 +349,7 @@ class MetricsListener(AsgiListener):
 
 async def start_metrics(plane: DataPlane, host: str, port: int) -> MetricsListener:
     """Serve /metrics on (host, port) until ``listener.stop(grace_s)``; port 0 picks one."""
-    listener = MetricsListener(make_metrics_app(plane))
+    listener = MetricsListener(make_metrics_app(plane), guard=plane.guards.listener("metrics"))
     await listener.start(host, port)
     return listener
 
