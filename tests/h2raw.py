@@ -24,6 +24,16 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
 
 
+class Blob:
+    """A message that is its own bytes (the server only needs SerializeToString)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
+        return self.data
+
+
 class Frame(NamedTuple):
     type: int
     flags: int

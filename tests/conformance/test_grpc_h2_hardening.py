@@ -35,6 +35,7 @@ from tests.h2raw import (
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
+    Blob,
     RawClient,
     frame,
     grpc_message,
@@ -48,14 +49,6 @@ SERVICE = "/test.Echo/"
 ENHANCE_YOUR_CALM, PROTOCOL_ERROR, FRAME_SIZE_ERROR, FLOW_CONTROL_ERROR = 11, 1, 6, 3
 STREAM_CLOSED, REFUSED_STREAM, INTERNAL_ERROR, NO_ERROR = 5, 7, 2, 0
 GOOD_LATENCY_S = 1.0  # a noisy 2-core machine: generous, but far under the seconds an attack took
-
-
-class Blob:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
-        return self.data
 
 
 class Echo:
@@ -383,7 +376,8 @@ async def test_gzip_bombs_do_not_stall_the_loop(start: Start) -> None:
     stop.set()
     await tick
     assert statuses == ["8", "8", "8"]  # RESOURCE_EXHAUSTED
-    assert lag[0] < 0.5, lag[0]  # was 0.73 s per bomb, one after the other: 2.2 s for these
+    # was 0.73 s per bomb, one after the other: 2.2 s for these; generous for a shared 2-core machine
+    assert lag[0] < 1.0, lag[0]
     assert slowest < GOOD_LATENCY_S
 
 

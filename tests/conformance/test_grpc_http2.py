@@ -27,19 +27,9 @@ from flowserve.frontends.grpc.http2 import (
     frame,
     grpc_timeout_s,
 )
-from tests.h2raw import RawClient, parse_frames, request_headers, rst_codes
+from tests.h2raw import Blob, RawClient, parse_frames, request_headers, rst_codes
 
 SERVICE = "/test.Echo/"
-
-
-class Blob:
-    """A message that is its own bytes (the server only needs SerializeToString)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
-        return self.data
 
 
 class Echo:

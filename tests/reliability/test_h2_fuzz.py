@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from flowserve.frontends.grpc.http2 import CallContext, Http2GrpcServer, Method
-from tests.h2raw import PING, SETTINGS, RawClient, frame, grpc_message, request_headers
+from tests.h2raw import PING, SETTINGS, Blob, RawClient, frame, grpc_message, request_headers
 
 EXAMPLES = int(os.environ.get("FLOWSERVE_FUZZ_EXAMPLES", "150"))
 SERVICE = "/test.Echo/"
@@ -43,14 +43,6 @@ class _Errors(logging.Handler):
         # ERROR and above, and the transport's own line for an exception while handling a frame
         if record.levelno >= logging.ERROR or record.exc_info or "handling a frame" in record.getMessage():
             self.records.append(record)
-
-
-class Blob:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
-        return self.data
 
 
 async def _echo(request: bytes, context: CallContext) -> Blob:

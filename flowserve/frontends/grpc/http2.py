@@ -450,6 +450,30 @@ class _Stream:
         self.header_size = 0  # decoded header bytes counted against MAX_HEADERS_HELD
 
 
+class TokenBucket:
+    """``burst`` tokens refilled at ``rate`` a second; taking from an empty bucket is a
+    connection error (ENHANCE_YOUR_CALM). The loop's clock is read only when the bucket runs
+    out, so a well-behaved peer costs one subtraction per frame."""
+
+    __slots__ = ("at", "burst", "rate", "tokens", "why")
+
+    def __init__(self, burst: int, rate: float, why: str) -> None:
+        self.burst = float(burst)
+        self.rate = rate
+        self.tokens = self.burst
+        self.at = 0.0  # when the bucket was last refilled (the loop's clock)
+        self.why = why
+
+    def take(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.tokens -= 1
+        if self.tokens < 0:
+            now = loop.time()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens < 0:
+                raise H2Error(ENHANCE_YOUR_CALM, self.why)
+
+
 class H2Error(Exception):
     """A connection error (RFC 9113 section 5.4.1): GOAWAY with ``code``, then close."""
 
@@ -494,10 +518,8 @@ class Connection(asyncio.Protocol):
         self.active = False  # a frame arrived since the idle timer last looked
         self.handshake_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
-        self.control_tokens = float(CONTROL_BURST)
-        self.control_at = 0.0
-        self.reset_tokens = float(RESET_BURST)
-        self.reset_at = 0.0
+        self.controls = TokenBucket(CONTROL_BURST, CONTROL_RATE, "too many control frames")
+        self.resets = TokenBucket(RESET_BURST, RESET_RATE, "too many streams reset")
         self.recent_resets = [0] * RECENT_RESETS  # stream ids this side reset, a ring
         self.recent_pos = 0
 
@@ -512,7 +534,7 @@ class Connection(asyncio.Protocol):
         self.admitted = guard is not None
         self.server.connections.add(self)
         now = self.loop.time()
-        self.control_at = self.reset_at = now
+        self.controls.at = self.resets.at = now
         server = self.server
         if server.handshake_timeout_s:
             self.handshake_timer = self.loop.call_later(server.handshake_timeout_s, self._handshake_expired)
@@ -685,28 +707,12 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- budgets
 
     def _control(self) -> None:
-        """A control frame: one token of the connection's bucket (refilled when it runs out)."""
-        self.control_tokens -= 1
-        if self.control_tokens < 0:
-            now = self.loop.time()
-            self.control_tokens = min(
-                float(CONTROL_BURST), self.control_tokens + (now - self.control_at) * CONTROL_RATE
-            )
-            self.control_at = now
-            if self.control_tokens < 0:
-                raise H2Error(ENHANCE_YOUR_CALM, "too many control frames")
+        """A control frame: one token of the connection's bucket."""
+        self.controls.take(self.loop)
 
     def _reset_charge(self) -> None:
         """A stream reset by the client before it ended (or opened past the concurrency)."""
-        self.reset_tokens -= 1
-        if self.reset_tokens < 0:
-            now = self.loop.time()
-            self.reset_tokens = min(
-                float(RESET_BURST), self.reset_tokens + (now - self.reset_at) * RESET_RATE
-            )
-            self.reset_at = now
-            if self.reset_tokens < 0:
-                raise H2Error(ENHANCE_YOUR_CALM, "too many streams reset")
+        self.resets.take(self.loop)
 
     def _reserve(self, stream: _Stream, size: int) -> bool:
         """Take a message's declared ``size`` from the server's budget; False: refused (answered)."""
