@@ -38,6 +38,7 @@ from tests.h2raw import (
     Blob,
     RawClient,
     frame,
+    goaway_code,
     grpc_message,
     request_headers,
     rst_codes,
@@ -74,6 +75,11 @@ class Echo:
         async for message in requests:
             yield Blob(message)
 
+    async def hold(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[Blob]:
+        """A streaming call that reads none of its requests until released."""
+        await self.release.wait()
+        yield Blob(b"done")
+
 
 Start = Callable[..., Any]
 
@@ -89,6 +95,7 @@ async def start() -> AsyncIterator[Start]:
             SERVICE + name: Method(parse=bytes, unary=getattr(echo, name)) for name in ("echo", "big", "slow")
         }
         methods[SERVICE + "stream"] = Method(parse=bytes, streaming=echo.stream)
+        methods[SERVICE + "hold"] = Method(parse=bytes, streaming=echo.hold)
         server = Http2GrpcServer(methods, max_message=max_message, **kwargs)
         server.echo = echo  # type: ignore[attr-defined]
         await server.start("127.0.0.1", 0)
@@ -830,3 +837,59 @@ async def test_first_frame_must_be_settings(rfc_server: Http2GrpcServer) -> None
             return client.goaway()
 
     assert await asyncio.to_thread(exchange) == PROTOCOL_ERROR
+
+
+# ------------------------------------------------------------------ peers that ignore flow control
+
+
+def _data_frames(sid: int, total: int, message_size: int) -> bytes:
+    """``total`` bytes of gRPC messages of ``message_size`` bytes on ``sid``, in DATA frames."""
+    body = grpc_message(bytes(message_size - 5)) * (total // message_size + 1)
+    return b"".join(frame(DATA, 0, sid, body[i : i + 16384]) for i in range(0, total, 16384))
+
+
+async def test_data_past_a_streams_window_resets_it(start: Start) -> None:
+    """A streaming call whose reader lags gets no window back; a peer that sends past the
+    stream's window anyway (the requests would queue without bound) gets RST_STREAM
+    FLOW_CONTROL_ERROR, and the connection and other calls go on."""
+    server = await start()
+
+    def attack() -> tuple[list[int], dict[str, str]]:
+        with RawClient(server.port, timeout=10) as client:
+            client.handshake()
+            client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "hold")))
+            client.send(_data_frames(1, http2.STREAM_WINDOW + 64 * 1024, 1024))
+            client.until(RST_STREAM, 1, seconds=10)
+            client.send(frame(HEADERS, 0x4, 3, request_headers(SERVICE + "echo")))
+            client.send(frame(DATA, 0x1, 3, grpc_message(b"after")))
+            client.until(HEADERS, 3, seconds=10, flags=0x1)
+            return rst_codes(client.frames(), 1), trailers(client.frames(), 3)
+
+    (codes, after), slowest, _ = await under_attack(server, attack)
+    assert codes == [FLOW_CONTROL_ERROR], codes
+    assert after.get("grpc-status") == "0", after  # the same connection serves on
+    assert slowest < GOOD_LATENCY_S
+
+
+async def test_data_past_the_connection_window_ends_it(start: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls that do not read hold the connection's undelivered bytes at its budget, so its
+    window is withheld; a peer that sends on regardless gets GOAWAY FLOW_CONTROL_ERROR."""
+    monkeypatch.setattr(http2, "CONNECTION_WINDOW", 256 * 1024)
+    monkeypatch.setattr(http2, "STREAM_WINDOW", 64 * 1024)
+    server = await start(max_message=4096)
+
+    def attack() -> int | None:
+        with RawClient(server.port, timeout=10) as client:
+            client.handshake()
+            sent = 0
+            sid = 1
+            while sent <= 3 * http2.CONNECTION_WINDOW and not client.closed:
+                client.send(frame(HEADERS, 0x4, sid, request_headers(SERVICE + "hold")))
+                client.send(_data_frames(sid, 48 * 1024, 1024))  # inside each stream's window
+                client.read(0.05)  # what the server says meanwhile (its GOAWAY, once it comes)
+                client.sock.settimeout(10)  # read() leaves its own timeout on the socket
+                sent += 48 * 1024
+                sid += 2
+            return goaway_code(client.frames())
+
+    assert await asyncio.to_thread(attack) == FLOW_CONTROL_ERROR

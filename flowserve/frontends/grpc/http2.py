@@ -85,6 +85,7 @@ import logging
 import ssl
 import struct
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
@@ -425,8 +426,8 @@ _EOF = _Eof()
 class _Stream:
     __slots__ = (
         "context", "data", "declared", "drained", "encoding", "header_size", "headers_sent", "held",
-        "method", "out", "queue", "remote_closed", "reply_encoding", "send_window", "sid", "task",
-        "trailers", "unacked",
+        "method", "out", "queue", "queued", "remote_closed", "reply_encoding", "send_window", "sid",
+        "sizes", "task", "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
@@ -439,6 +440,10 @@ class _Stream:
         self.headers_sent = False
         self.task: asyncio.Task[None] | None = None
         self.queue: asyncio.Queue[Any] | None = None
+        # a streaming call's parsed requests not yet read by its servicer: their wire sizes, in
+        # order, and their sum (counted in the connection's undelivered bytes until read)
+        self.sizes: deque[int] = deque()
+        self.queued = 0
         self.remote_closed = False
         self.unacked = 0
         self.encoding = b"identity"
@@ -959,6 +964,8 @@ class Connection(asyncio.Protocol):
         if flags & PADDED and (not size or payload[0] >= size):
             raise H2Error(PROTOCOL_ERROR, "bad padding")
         self.recv_unacked += size
+        if self.recv_unacked > CONNECTION_WINDOW:  # past the window this side gave (RFC 9113 6.9.1)
+            raise H2Error(FLOW_CONTROL_ERROR, "DATA past the connection's flow-control window")
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
             self._ack_connection()
@@ -970,6 +977,10 @@ class Connection(asyncio.Protocol):
                 self._control()
                 self._reset_sid(sid, STREAM_CLOSED)
             return  # a stream this side reset: its data is dropped
+        if stream.unacked + size > STREAM_WINDOW:  # a peer ignoring the stream's window
+            self._ack_connection()
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
         if flags & PADDED:
             payload = payload[1 : size - payload[0]]
         elif not size and not flags & END_STREAM:
@@ -1012,7 +1023,7 @@ class Connection(asyncio.Protocol):
 
     @staticmethod
     def _reader_keeps_up(stream: _Stream) -> bool:
-        return stream.queue is None or stream.queue.qsize() < QUEUE_AHEAD
+        return stream.queue is None or (stream.queue.qsize() < QUEUE_AHEAD and stream.queued < STREAM_WINDOW)
 
     def _ack_stream(self, stream: _Stream) -> None:
         self._write(frame(WINDOW_UPDATE, 0, stream.sid, _WINDOW.pack(stream.unacked)))
@@ -1027,21 +1038,35 @@ class Connection(asyncio.Protocol):
         while len(data) - pos >= 5:
             length = int.from_bytes(data[pos + 1 : pos + 5], "big")
             if length > self.server.max_message:
+                self._queued(stream, pos)
                 self._too_large(stream, length)  # refused from the prefix
                 return
             if len(data) - pos - 5 < length:
                 if length >= SMALL and not stream.held and not self._reserve(stream, length):
+                    self._queued(stream, pos)
                     return
                 break
             message = self._message(stream, data[pos], bytes(data[pos + 5 : pos + 5 + length]))
             if stream.held:
                 self._give(stream)
-            if message is None:
+            if message is None:  # answered instead (a stream it forgot has given back its bytes)
+                if stream.sid in self.streams:
+                    self._take_data(5 + length)
+                    del data[pos : pos + 5 + length]
+                    self._queued(stream, pos)
                 return
             queue.put_nowait(message)
+            stream.sizes.append(5 + length)
             pos += 5 + length
-        del data[:pos]
-        self._take_data(pos)
+        self._queued(stream, pos)
+
+    @staticmethod
+    def _queued(stream: _Stream, count: int) -> None:
+        """The first ``count`` bytes of ``stream.data`` went into its queue as messages: they stay
+        counted in the connection's undelivered bytes until the servicer reads them."""
+        if count:
+            del stream.data[:count]
+            stream.queued += count
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
         """A request message parsed (a :class:`_Later` when it inflates in a thread), or None
@@ -1214,6 +1239,9 @@ class Connection(asyncio.Protocol):
             message = await queue.get()
             if message is _EOF:
                 return
+            size = stream.sizes.popleft()
+            stream.queued -= size
+            self._take_data(size)
             if message.__class__ is _Later:
                 try:
                     message = await message.task
@@ -1221,7 +1249,7 @@ class Connection(asyncio.Protocol):
                     stream.context.code = refused.code
                     stream.context.details = refused.message
                     raise grpc.aio.AbortError() from None
-            if stream.unacked and not stream.remote_closed and queue.qsize() < QUEUE_AHEAD:
+            if stream.unacked and not stream.remote_closed and self._reader_keeps_up(stream):
                 self._ack_stream(stream)
             yield message
 
@@ -1349,6 +1377,9 @@ class Connection(asyncio.Protocol):
         if stream.data:
             self._take_data(len(stream.data))
             stream.data = bytearray()
+        if stream.queued:
+            self._take_data(stream.queued)
+            stream.queued = 0
         self._maybe_idle()
 
     def _wake(self, stream: _Stream) -> None:
