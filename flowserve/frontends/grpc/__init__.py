@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from flowserve.dataplane.access import Restrictions, grpc_category
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends import GRPC_SERVERS
-from flowserve.frontends.grpc import health
+from flowserve.frontends.grpc import health, http2
 from flowserve.frontends.grpc.access import RestrictionInterceptor
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.http2 import (
@@ -65,13 +65,22 @@ class GrpcListener:
         return f"GrpcListener(port={self.port})"
 
 
-def server_options(max_request_bytes: int) -> list[tuple[str, int]]:
-    return [
+def server_options(
+    max_request_bytes: int, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+) -> list[tuple[str, int]]:
+    """grpcio's server options: the native transport's bounds where grpc has one (its C core
+    also limits resets and control frames of its own accord)."""
+    options = [
         ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
         # refuse to share a port with another process instead of silently splitting traffic
         ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", http2.MAX_STREAMS),
+        ("grpc.max_metadata_size", http2.MAX_HEADER_LIST),
     ]
+    if idle_timeout_s:
+        options.append(("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)))
+    return options
 
 
 async def start_grpc(
@@ -111,7 +120,7 @@ async def start_grpc(
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
     aio = grpc.aio.server(
-        options=server_options(plane.limits.max_request_bytes),
+        options=server_options(plane.limits.max_request_bytes, idle_timeout_s),
         interceptors=interceptors,
         compression=grpc.Compression.Gzip if response_compression != "none" else None,
     )
