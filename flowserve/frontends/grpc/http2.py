@@ -53,11 +53,12 @@ What no client can make this side hold or do without bound (the attacks each bou
   servicer has not read included (the connection window is withheld past
   ``Http2GrpcServer.max_buffered``; a stream's window past ``QUEUE_AHEAD`` unread requests or a
   window's worth of unread bytes), and DATA past the windows this side gave is a flow-control
-  error (RST_STREAM or GOAWAY FLOW_CONTROL_ERROR, RFC 9113 6.9.1); a message whose 5-byte
-  prefix declares more than the message limit is refused from the prefix (RESOURCE_EXHAUSTED
-  at once, the rest of its data ignored), and every message of ``guard.SMALL`` bytes or more takes its declared size from the
-  server-wide :class:`~flowserve.dataplane.guard.ByteBudget` until it is parsed (or its stream
-  dies); one that does not fit is refused with RESOURCE_EXHAUSTED before its bytes arrive.
+  error (RST_STREAM or GOAWAY FLOW_CONTROL_ERROR, RFC 9113 6.9.1); a message whose 5-byte prefix
+  declares more than the message limit is refused from the prefix (RESOURCE_EXHAUSTED at once,
+  the rest of its data ignored), and every message of ``guard.SMALL`` bytes or more takes its
+  declared size from the server-wide :class:`~flowserve.dataplane.guard.ByteBudget` until it is
+  parsed (or its stream dies); one that does not fit is refused with RESOURCE_EXHAUSTED before
+  its bytes arrive.
 - compressed requests inflate up to ``INFLATE_INLINE`` bytes on the loop (every small message);
   a message that inflates further finishes inflating in a thread, never past the message limit,
   so a compression bomb cannot stall the loop.
