@@ -54,10 +54,15 @@ class Node:
     A *decoupled* node (``decoupled = True``) answers a request with zero, one or many
     responses: it implements ``stream`` instead of ``__call__``, and the executor runs the
     nodes behind it once per response.
+
+    A node with *partial outputs* (``partial_outputs = True``, a switch) returns only some of
+    the outputs it declares; the executor skips the nodes that wait on the others. Every other
+    node returns all it declares. These two flags are all the executor knows of a node's kind.
     """
 
     name: str = ""
     decoupled: bool = False
+    partial_outputs: bool = False
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         raise NotImplementedError

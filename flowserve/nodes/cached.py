@@ -12,6 +12,7 @@ class CachedNode(Node):
     def __init__(self, inner: Node, cache: ResponseCache, key: str) -> None:
         self.name = inner.name
         self.inner = inner
+        self.partial_outputs = inner.partial_outputs
         self.cache = cache
         self.key = key
         inner_stats = getattr(inner, "node_stats", None)

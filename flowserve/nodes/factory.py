@@ -3,14 +3,15 @@
 ``compile_all`` compiles every model and graph of a scan in dependency order (a graph that
 uses a model or another graph compiles after it); a failure marks that entry and everything
 that depends on it, with every problem listed. ``build_nodes`` makes the node objects of one
-compiled plan.
+compiled plan. Nothing here depends on which kinds exist: a node's signature and object come
+from its kind's builder (:mod:`flowserve.nodes.kinds`; a new kind is added there and in
+:mod:`flowserve.spec.kinds`), and the wrappers (batcher, cache) apply to any kind.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import networkx as nx
 
@@ -19,21 +20,16 @@ from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, Sp
 from flowserve.core.node import Node
 from flowserve.graph.compile import compile_graph
 from flowserve.graph.plan import Plan, PlanNode, Signature
-from flowserve.nodes.backends import backend_class
-from flowserve.nodes.backends.base import backend_signature
 from flowserve.nodes.batching import Batcher
 from flowserve.nodes.cached import CachedNode
-from flowserve.nodes.python import PythonNode, python_signature
-from flowserve.nodes.sequence import SequenceBatcher
-from flowserve.nodes.split import SplitNode, split_signature
-from flowserve.nodes.step import StepNode, step_signature
-from flowserve.nodes.switch import SwitchNode, switch_signature
+from flowserve.nodes.kinds import Known, Place, builder
+from flowserve.nodes.step import StepNode
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
+from flowserve.spec.kinds import kind_of, node_targets
 from flowserve.spec.repository import Scan
-from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph, node_targets
-from flowserve.spec.sequence import sequence_from_config
+from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph
 
 log = logging.getLogger("flowserve")
 
@@ -100,20 +96,10 @@ def _topo(deps: nx.DiGraph) -> list[str]:
 
 
 def _resolver(models: dict[str, ModelSpec], catalog: dict[str, Plan]):  # type: ignore[no-untyped-def]
+    known = Known(models, catalog)
+
     def resolve(node: NodeSpec) -> Signature:
-        if node.kind == "backend":
-            return backend_signature(models[node.target])
-        if node.kind == "python":
-            return python_signature(node)
-        if node.kind == "switch":
-            return switch_signature(node, None)
-        if node.kind == "split":
-            return split_signature(node, catalog)
-        plan = catalog.get(node.target)
-        if plan is None:
-            what = "model" if node.kind == "model" else "graph"
-            raise InvalidArgument(f"{what} '{node.target}' is unknown or failed to load")
-        return step_signature(plan)
+        return builder(node).signature(node, known)
 
     return resolve
 
@@ -150,20 +136,7 @@ def _build(
     stats: ModelStats,
     clock: Clock,
 ) -> Node:
-    if spec.kind == "backend":
-        assert model is not None
-        backend = backend_class(model.backend, model.name)(model, version, stats, clock, registry=registry)
-        sequence = sequence_from_config(model.config, Path(model.versions[version]).parent)
-        if sequence is not None:
-            return SequenceBatcher(backend, sequence, model.max_batch_size, clock)
-        return backend
-    if spec.kind == "python":
-        return PythonNode(spec, plan.name)
-    if spec.kind == "switch":
-        return SwitchNode(spec)
-    if spec.kind == "split":
-        return SplitNode(spec, registry, clock)
-    return StepNode(spec.name, registry, spec.target, spec.version)
+    return builder(spec).build(spec, Place(plan, registry, model, version, stats, clock))
 
 
 def _cached(node: Node, graph: str, spec: NodeSpec, cache: ResponseCache | None) -> Node:
@@ -186,19 +159,15 @@ def _batched(node: Node, pnode: PlanNode, model: ModelSpec | None, stats: ModelS
     ``dynamic_batching`` (its executions count in the model's stats), or a graph node with
     ``batching:`` (``instances.count`` merged calls at once)."""
     spec = pnode.spec
-    if spec.kind == "backend":
+    if kind_of(spec).model_batching:
         if model is None or model.batching is None:
             return node
         ragged = frozenset(t.name for t in model.inputs if t.allow_ragged_batch)
         return Batcher(node, model.batching, clock=clock, ragged=ragged, stats=stats)
     if spec.batching is None:
         return node
-    if spec.kind == "switch":
-        raise InvalidArgument("a switch node cannot batch (its rows would take different branches)")
-    if spec.kind == "split":
-        raise InvalidArgument(
-            "a split node cannot batch (a merged batch would take one arm); batch in its arms"
-        )
+    if kind_of(spec).no_batching:
+        raise InvalidArgument(kind_of(spec).no_batching)
     if isinstance(node, StepNode) and node.registry.has(node.target):
         limit = node.registry.get(node.target, node.version).plan.max_batch_size
         if 0 < limit < spec.batching.max_batch_size:

@@ -44,6 +44,8 @@ def switch_signature(spec: NodeSpec, payload: TensorSpec | None) -> Signature:
 
 
 class SwitchNode(Node):
+    partial_outputs = True  # only the branch taken
+
     def __init__(self, spec: NodeSpec) -> None:
         if spec.switch is None:
             raise InvalidArgument(f"node '{spec.name}' has no switch settings")

@@ -62,11 +62,11 @@ class _SingleNode:
     outputs: tuple[tuple[str, str], ...]  # graph output name -> node output name
 
 
-def _single_node(plan: Plan, decoupled: bool) -> _SingleNode | None:
-    if len(plan.nodes) != 1 or decoupled:
+def _single_node(plan: Plan, nodes: list[Node]) -> _SingleNode | None:
+    if len(plan.nodes) != 1 or nodes[0].decoupled or nodes[0].partial_outputs:
         return None
     node = plan.nodes[0]
-    if node.spec.kind == "switch" or any(len(c) != 1 or not c[0].startswith("$") for _, c in node.bindings):
+    if any(len(c) != 1 or not c[0].startswith("$") for _, c in node.bindings):
         return None
     if any(len(out.keys) != 1 for out in plan.outputs):
         return None
@@ -99,11 +99,11 @@ class Executor:
         # shares them, so one NodeStats per node holds everything known about it
         self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
-        # switch nodes produce only the branch they take; every other node all it declares
-        self._partial = [n.spec.kind == "switch" for n in plan.nodes]
+        # a node with partial outputs (a switch) produces some of what it declares, others all
+        self._partial = [node.partial_outputs for node in nodes]
         self._decoupled = [node.decoupled for node in nodes]
         self._any_decoupled = any(self._decoupled)
-        self._single = _single_node(plan, self._any_decoupled)
+        self._single = _single_node(plan, nodes)
 
     @property
     def decoupled(self) -> bool:

@@ -30,35 +30,29 @@ Schema (one graph per file)::
                       by_parameter: arm, sticky: $user,        # or sticky_parameter: user
                       shadow: {graph: other_graph, fraction: 0.5}},
               inputs: {input: pre.tensor}}                   # forwarded to the arm taken
+
+The node kinds (the key that makes ``pre`` a python node, how its value parses) are not here:
+each is one object in :mod:`flowserve.spec.kinds`, the place to add a kind.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import yaml
 
 from flowserve.core.datatypes import DATATYPES
-from flowserve.core.errors import SpecError, SpecIssue
+from flowserve.core.errors import SpecError
+from flowserve.spec.kinds import KINDS, YAML_KINDS, Issues, parse_ref
 from flowserve.spec.schema import (
-    NODE_KINDS,
-    STICKY_INPUT,
     BatchingSpec,
     Binding,
     GraphOutput,
     GraphSpec,
     InstanceSpec,
-    NodeKind,
     NodeSpec,
     QueuePolicy,
-    Ref,
-    ShadowSpec,
-    SplitArm,
-    SplitSpec,
-    SplitTarget,
-    SwitchCase,
-    SwitchSpec,
     TensorSpec,
 )
 from flowserve.spec.warmup import warmup_from_yaml
@@ -74,7 +68,7 @@ _GRAPH_KEYS = {
     "warmup",
 }
 _NODE_KEYS = {
-    *NODE_KINDS,
+    *YAML_KINDS,
     "version",
     "inputs",
     "outputs",
@@ -83,22 +77,12 @@ _NODE_KEYS = {
     "parameters",
     "cache",
 }
-_SWITCH_OPS = {"eq", "ne", "gt", "ge", "lt", "le"}
-
-
-class _Issues:
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.items: list[SpecIssue] = []
-
-    def add(self, message: str, node: str | None = None, field: str | None = None) -> None:
-        self.items.append(SpecIssue(self.file, message, node, field))
 
 
 def load_graph_file(path: str | Path) -> GraphSpec:
     """Parse one YAML graph file; raises SpecError listing every problem found."""
     path = Path(path)
-    issues = _Issues(str(path))
+    issues = Issues(str(path))
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -110,7 +94,7 @@ def load_graph_file(path: str | Path) -> GraphSpec:
     return spec
 
 
-def parse_graph(doc: Any, default_name: str, source: str, issues: _Issues) -> GraphSpec | None:
+def parse_graph(doc: Any, default_name: str, source: str, issues: Issues) -> GraphSpec | None:
     if not isinstance(doc, dict):
         issues.add("a graph file must be a mapping with inputs, outputs and nodes")
         return None
@@ -151,19 +135,7 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: _Issues) -> Gr
     )
 
 
-def parse_ref(text: Any) -> Ref | None:
-    """``$x`` -> graph input x; ``node.tensor`` -> output of a node; anything else -> None."""
-    if not isinstance(text, str) or not text:
-        return None
-    if text.startswith("$"):
-        return Ref(None, text[1:]) if len(text) > 1 else None
-    node, dot, tensor = text.partition(".")
-    if not dot or not node or not tensor:
-        return None
-    return Ref(node, tensor)
-
-
-def _parse_binding(raw: Any, issues: _Issues, node: str | None, field: str) -> Binding | None:
+def _parse_binding(raw: Any, issues: Issues, node: str | None, field: str) -> Binding | None:
     items = raw if isinstance(raw, list) else [raw]
     refs = []
     for item in items:
@@ -178,7 +150,7 @@ def _parse_binding(raw: Any, issues: _Issues, node: str | None, field: str) -> B
     return tuple(refs)
 
 
-def _parse_tensor(name: str, raw: Any, issues: _Issues, node: str | None, field: str) -> TensorSpec | None:
+def _parse_tensor(name: str, raw: Any, issues: Issues, node: str | None, field: str) -> TensorSpec | None:
     if not isinstance(raw, dict):
         issues.add("must be a mapping with datatype and dims", node, field)
         return None
@@ -195,7 +167,7 @@ def _parse_tensor(name: str, raw: Any, issues: _Issues, node: str | None, field:
     return TensorSpec(name, cast(str, datatype), dims, optional=bool(raw.get("optional", False)))
 
 
-def _parse_dims(raw: Any, issues: _Issues, node: str | None, field: str) -> tuple[int, ...] | None:
+def _parse_dims(raw: Any, issues: Issues, node: str | None, field: str) -> tuple[int, ...] | None:
     if not isinstance(raw, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in raw
     ):
@@ -204,7 +176,7 @@ def _parse_dims(raw: Any, issues: _Issues, node: str | None, field: str) -> tupl
     return tuple(raw)
 
 
-def _parse_inputs(raw: Any, issues: _Issues) -> dict[str, TensorSpec]:
+def _parse_inputs(raw: Any, issues: Issues) -> dict[str, TensorSpec]:
     if not isinstance(raw, dict) or not raw:
         issues.add("must be a non-empty mapping of input name to {datatype, dims}", field="inputs")
         return {}
@@ -216,7 +188,7 @@ def _parse_inputs(raw: Any, issues: _Issues) -> dict[str, TensorSpec]:
     return out
 
 
-def _parse_outputs(raw: Any, issues: _Issues) -> dict[str, GraphOutput]:
+def _parse_outputs(raw: Any, issues: Issues) -> dict[str, GraphOutput]:
     if not isinstance(raw, dict) or not raw:
         issues.add("must be a non-empty mapping of output name to a node output", field="outputs")
         return {}
@@ -239,20 +211,21 @@ def _parse_outputs(raw: Any, issues: _Issues) -> dict[str, GraphOutput]:
     return out
 
 
-def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
+def _parse_node(name: str, raw: Any, issues: Issues) -> NodeSpec | None:
     if "." in name or "$" in name or not name:
         issues.add("node names may not contain '.' or '$'", name, "name")
         return None
     if not isinstance(raw, dict):
-        issues.add("a node must be a mapping with one kind key: " + ", ".join(NODE_KINDS), name)
+        issues.add("a node must be a mapping with one kind key: " + ", ".join(YAML_KINDS), name)
         return None
     for key in sorted(set(raw) - _NODE_KEYS):
         issues.add(f"unknown key (expected one of {sorted(_NODE_KEYS)})", name, str(key))
-    kinds = [k for k in NODE_KINDS if k in raw]
+    kinds = [k for k in YAML_KINDS if k in raw]
     if len(kinds) != 1:
-        issues.add(f"exactly one kind key expected ({', '.join(NODE_KINDS)}), got {kinds}", name)
+        issues.add(f"exactly one kind key expected ({', '.join(YAML_KINDS)}), got {kinds}", name)
         return None
-    kind: NodeKind = kinds[0]
+    kind = KINDS[kinds[0]]
+    assert kind.parse is not None
     inputs: dict[str, Binding] = {}
     raw_inputs = raw.get("inputs", {})
     if not isinstance(raw_inputs, dict):
@@ -262,26 +235,9 @@ def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
             binding = _parse_binding(ref, issues, name, f"inputs.{in_name}")
             if binding is not None:
                 inputs[str(in_name)] = binding
-    switch = None
-    split = None
-    target = ""
-    if kind == "switch":
-        switch = _parse_switch(raw["switch"], issues, name)
-        if switch is not None:
-            inputs = {"on": (switch.on,), "payload": (switch.payload,)}
-    elif kind == "split":
-        split = _parse_split(raw["split"], issues, name)
-        if split is None:
-            return None
-        if split.sticky is not None:
-            inputs[STICKY_INPUT] = (split.sticky,)
-    else:
-        target = raw[kind]
-        if not isinstance(target, str) or not target:
-            issues.add("must name a target", name, kind)
-            return None
-        if kind == "python" and ":" not in target:
-            issues.add(f"must be 'module:Class', got {target!r}", name, kind)
+    parsed = kind.parse(raw[kind.name], inputs, issues, name)
+    if parsed is None:
+        return None
     outputs = _parse_node_outputs(raw.get("outputs"), issues, name)
     params = raw.get("parameters", {})
     if not isinstance(params, dict):
@@ -289,21 +245,21 @@ def _parse_node(name: str, raw: Any, issues: _Issues) -> NodeSpec | None:
         params = {}
     return NodeSpec(
         name=name,
-        kind=kind,
-        target=target,
+        kind=kind.name,
+        target=parsed.target,
         version=str(raw.get("version", "")),
-        inputs=inputs,
+        inputs=parsed.inputs,
         outputs=outputs,
         batching=_parse_batching(raw.get("batching"), issues, name),
         instances=_parse_instances(raw.get("instances"), issues, name),
         parameters=params,
-        switch=switch,
-        split=split,
+        switch=parsed.switch,
+        split=parsed.split,
         cache=bool(raw.get("cache", False)),
     )
 
 
-def _parse_node_outputs(raw: Any, issues: _Issues, node: str) -> dict[str, TensorSpec | None]:
+def _parse_node_outputs(raw: Any, issues: Issues, node: str) -> dict[str, TensorSpec | None]:
     if raw is None:
         return {}
     if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
@@ -319,151 +275,7 @@ def _parse_node_outputs(raw: Any, issues: _Issues, node: str) -> dict[str, Tenso
     return out
 
 
-def _parse_switch(raw: Any, issues: _Issues, node: str) -> SwitchSpec | None:
-    if not isinstance(raw, dict):
-        issues.add("must be a mapping with input, cases and optional payload/default", node, "switch")
-        return None
-    unknown = set(raw) - {"input", "payload", "cases", "default"}
-    if unknown:
-        issues.add(
-            f"unknown keys {sorted(map(str, unknown))} (expected input, payload, cases, default)",
-            node,
-            "switch",
-        )
-    on = parse_ref(raw.get("input"))
-    if on is None:
-        issues.add(f"{raw.get('input')!r} is not a tensor reference", node, "switch.input")
-        return None
-    payload = parse_ref(raw["payload"]) if "payload" in raw else on
-    if payload is None:
-        issues.add(f"{raw.get('payload')!r} is not a tensor reference", node, "switch.payload")
-        return None
-    cases = []
-    raw_cases = raw.get("cases")
-    if not isinstance(raw_cases, list) or not raw_cases:
-        issues.add("must be a non-empty list of {branch, op, value, reduce}", node, "switch.cases")
-        return None
-    for i, case in enumerate(raw_cases):
-        field = f"switch.cases[{i}]"
-        if not isinstance(case, dict) or not isinstance(case.get("branch"), str):
-            issues.add("each case needs a branch name", node, field)
-            continue
-        op = case.get("op")
-        if op not in _SWITCH_OPS:
-            issues.add(f"op must be one of {sorted(_SWITCH_OPS)}, got {op!r}", node, f"{field}.op")
-            continue
-        reduce = case.get("reduce", "all")
-        if reduce not in ("all", "any"):
-            issues.add(f"reduce must be 'all' or 'any', got {reduce!r}", node, f"{field}.reduce")
-            continue
-        if "value" not in case:
-            issues.add("a case needs a value to compare with", node, f"{field}.value")
-            continue
-        cases.append(SwitchCase(case["branch"], op, case["value"], reduce))
-    default = raw.get("default")
-    if default is not None and not isinstance(default, str):
-        issues.add("must be a branch name", node, "switch.default")
-        default = None
-    return SwitchSpec(on, payload, tuple(cases), default)
-
-
-def _parse_target(raw: Any, issues: _Issues, node: str, field: str, extra: set[str]) -> SplitTarget | None:
-    """``{model: name, version: 2}`` or ``{graph: name}`` (plus the ``extra`` keys allowed)."""
-    if not isinstance(raw, dict):
-        issues.add("must be a mapping with 'model' (and maybe 'version') or 'graph'", node, field)
-        return None
-    unknown = set(raw) - {"model", "graph", "version", *extra}
-    if unknown:
-        issues.add(f"unknown keys {sorted(map(str, unknown))}", node, field)
-    kinds = [k for k in ("model", "graph") if k in raw]
-    if len(kinds) != 1 or not isinstance(raw[kinds[0]], str) or not raw[kinds[0]]:
-        issues.add("needs exactly one of 'model: NAME' or 'graph: NAME'", node, field)
-        return None
-    kind: Literal["model", "graph"] = "model" if kinds[0] == "model" else "graph"
-    version = raw.get("version", "")
-    if kind == "graph" and version not in ("", None):
-        issues.add("a graph has no versions", node, f"{field}.version")
-    return SplitTarget(kind, raw[kind], str(version) if kind == "model" and version is not None else "")
-
-
-def _number(raw: Any, issues: _Issues, node: str, field: str, low: float, high: float | None) -> float | None:
-    if (
-        isinstance(raw, bool)
-        or not isinstance(raw, int | float)
-        or raw < low
-        or (high is not None and raw > high)
-    ):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        issues.add(f"must be a number {bound}, got {raw!r}", node, field)
-        return None
-    return float(raw)
-
-
-def _parse_split(raw: Any, issues: _Issues, node: str) -> SplitSpec | None:
-    keys = {"arms", "by_parameter", "sticky", "sticky_parameter", "shadow"}
-    if not isinstance(raw, dict):
-        issues.add(f"must be a mapping with keys {sorted(keys)}", node, "split")
-        return None
-    before = len(issues.items)
-    unknown = set(raw) - keys
-    if unknown:
-        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {sorted(keys)})", node, "split")
-    raw_arms = raw.get("arms")
-    arms: list[SplitArm] = []
-    if not isinstance(raw_arms, dict) or not raw_arms:
-        issues.add(
-            "must be a non-empty mapping of arm name to {model|graph, version, weight}", node, "split.arms"
-        )
-    else:
-        for arm_name, arm in raw_arms.items():
-            field = f"split.arms.{arm_name}"
-            target = _parse_target(arm, issues, node, field, {"weight"})
-            weight = (
-                _number(arm.get("weight", 1), issues, node, f"{field}.weight", 0, None) if target else None
-            )
-            if target is not None and weight is not None:
-                arms.append(SplitArm(str(arm_name), target, weight))
-        if arms and len(arms) == len(raw_arms) and sum(a.weight for a in arms) <= 0:
-            issues.add("the arms' weights must not all be 0", node, "split.arms")
-    for key in ("by_parameter", "sticky_parameter"):
-        if not isinstance(raw.get(key, ""), str):
-            issues.add("must be a request parameter name", node, f"split.{key}")
-    sticky = None
-    if raw.get("sticky") is not None:
-        sticky = parse_ref(raw["sticky"])
-        if sticky is None:
-            issues.add(
-                f"{raw['sticky']!r} is not a tensor reference ('$input' or 'node.tensor')",
-                node,
-                "split.sticky",
-            )
-        elif raw.get("sticky_parameter"):
-            issues.add("set 'sticky' (a tensor) or 'sticky_parameter', not both", node, "split.sticky")
-    shadow = None
-    if raw.get("shadow") is not None:
-        extra = {"fraction", "max_in_flight"}
-        shadow_raw = raw["shadow"]
-        target = _parse_target(shadow_raw, issues, node, "split.shadow", extra)
-        if target is not None:
-            fraction = _number(shadow_raw.get("fraction", 1.0), issues, node, "split.shadow.fraction", 0, 1)
-            limit = shadow_raw.get("max_in_flight", 64)
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                issues.add(f"must be an integer >= 1, got {limit!r}", node, "split.shadow.max_in_flight")
-                limit = 64
-            if fraction is not None:
-                shadow = ShadowSpec(target, fraction, limit)
-    if len(issues.items) > before:
-        return None
-    return SplitSpec(
-        arms=tuple(arms),
-        by_parameter=str(raw.get("by_parameter", "")),
-        sticky=sticky,
-        sticky_parameter=str(raw.get("sticky_parameter", "")),
-        shadow=shadow,
-    )
-
-
-def _parse_batching(raw: Any, issues: _Issues, node: str) -> BatchingSpec | None:
+def _parse_batching(raw: Any, issues: Issues, node: str) -> BatchingSpec | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("max_batch_size"), int):
@@ -488,7 +300,7 @@ def _parse_batching(raw: Any, issues: _Issues, node: str) -> BatchingSpec | None
         return None
 
 
-def _parse_instances(raw: Any, issues: _Issues, node: str) -> InstanceSpec:
+def _parse_instances(raw: Any, issues: Issues, node: str) -> InstanceSpec:
     if raw is None:
         return InstanceSpec()
     if not isinstance(raw, dict):

@@ -10,10 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# "backend" is internal: the one node of a repository model's own graph, running its backend.
-NodeKind = Literal["model", "python", "switch", "graph", "split", "backend"]
-NODE_KINDS: tuple[NodeKind, ...] = ("model", "python", "switch", "graph", "split")
-
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
@@ -196,7 +192,7 @@ class SplitSpec:
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     name: str
-    kind: NodeKind
+    kind: str  # the name of a registered kind (flowserve/spec/kinds.py)
     target: str = ""
     version: str = ""
     inputs: dict[str, Binding] = field(default_factory=dict)
@@ -211,16 +207,11 @@ class NodeSpec:
 
 
 def node_targets(node: NodeSpec, shadow: bool = True) -> tuple[str, ...]:
-    """The servables a node calls: a model or graph step's target, a split's arms and (unless
-    ``shadow`` is false: a shadow never makes a graph unready) its shadow."""
-    if node.kind in ("model", "graph"):
-        return (node.target,)
-    if node.split is not None:
-        names = [a.target.target for a in node.split.arms]
-        if shadow and node.split.shadow is not None:
-            names.append(node.split.shadow.target.target)
-        return tuple(dict.fromkeys(names))
-    return ()
+    """The servables a node calls (see :func:`flowserve.spec.kinds.node_targets`, which asks
+    the node's kind; imported here when called, as kinds builds on these types)."""
+    from flowserve.spec.kinds import node_targets as targets
+
+    return targets(node, shadow)
 
 
 @dataclass(frozen=True, slots=True)

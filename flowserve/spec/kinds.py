@@ -1,0 +1,398 @@
+"""Node kinds: everything declarative about a kind, one :class:`Kind` object per kind, all
+registered in :data:`KINDS` (the one table of kinds; nothing else compares kind strings).
+
+A kind says how its YAML key parses into a :class:`NodeSpec`, what loading must know about
+it (does it call another servable, may it batch) and how a drawing labels and shapes it. It
+is plain data and pure functions, so every layer may read it: YAML parsing here in
+``spec/``, compiling and the drawable view in ``graph/``, the node factory in ``nodes/``,
+rendering in ``observability/``. What a kind does at run time (its node object, its signature)
+is the business of ``nodes/``, which cannot live this low: ``flowserve/nodes/kinds.py`` holds
+one :class:`~flowserve.nodes.kinds.Builder` per kind and refuses to import while a kind here
+has none. The executor knows no kinds at all: it reads the node contract's flags
+(``Node.decoupled``, ``Node.partial_outputs``) on the node objects.
+
+**Adding a node kind**: add its ``Kind`` to :data:`KINDS` below (its YAML key, parser, flags,
+look), then its ``Builder`` to ``BUILDERS`` in ``flowserve/nodes/kinds.py``. Nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flowserve.core.errors import SpecIssue
+from flowserve.spec.schema import (
+    STICKY_INPUT,
+    Binding,
+    ModelSpec,
+    NodeSpec,
+    Ref,
+    ShadowSpec,
+    SplitArm,
+    SplitSpec,
+    SplitTarget,
+    SwitchCase,
+    SwitchSpec,
+)
+
+_SWITCH_OPS = {"eq", "ne", "gt", "ge", "lt", "le"}
+
+
+class Issues:
+    """The problems found while parsing one file (each names the file, node and field)."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.items: list[SpecIssue] = []
+
+    def add(self, message: str, node: str | None = None, field: str | None = None) -> None:
+        self.items.append(SpecIssue(self.file, message, node, field))
+
+
+def parse_ref(text: Any) -> Ref | None:
+    """``$x`` -> graph input x; ``node.tensor`` -> output of a node; anything else -> None."""
+    if not isinstance(text, str) or not text:
+        return None
+    if text.startswith("$"):
+        return Ref(None, text[1:]) if len(text) > 1 else None
+    node, dot, tensor = text.partition(".")
+    if not dot or not node or not tensor:
+        return None
+    return Ref(node, tensor)
+
+
+# ----------------------------------------------------------------------------- the kind object
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """What a kind's YAML value sets on its node: ``inputs`` are the node's inputs after the
+    kind had its say (a switch's come from its own settings, a split adds its sticky key)."""
+
+    inputs: dict[str, Binding]
+    target: str = ""
+    switch: SwitchSpec | None = None
+    split: SplitSpec | None = None
+
+
+# (the kind key's YAML value, the node's parsed ``inputs:``, issues, node name) -> fields, or
+# None when the node cannot be made at all
+Parser = Callable[[Any, dict[str, Binding], Issues, str], "Parsed | None"]
+# (node, the repository model it runs when ``runs_model``) -> the drawing's first label lines
+Label = Callable[[NodeSpec, "ModelSpec | None"], list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """How a drawing shows the kind: fill colour (None: the neutral grey) and shape
+    ("hexagon": a DOT hexagon, a Mermaid ``{{ }}``, a rounder, red-edged box in the built-in SVG)."""
+
+    color: str | None = None
+    shape: Literal["box", "hexagon"] = "box"
+
+
+def _target_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
+    version = f" v{node.version}" if node.version else ""
+    runs = f" ({model.platform or model.backend})" if model is not None else ""
+    return [f"{node.kind}: {node.target}{version}{runs}"]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One node kind. ``parse`` is None for a kind never written in YAML (``backend``, the
+    one node of a repository model's own graph)."""
+
+    name: str
+    parse: Parser | None
+    # calls the servable ``target`` names (a model or graph step): a dependency at load
+    step: bool = False
+    # ``target`` names a repository model whose platform, batching and instances drawings show
+    runs_model: bool = False
+    # why ``batching:`` is refused on this kind ("" when it may batch)
+    no_batching: str = ""
+    # batches as its repository model's config says (``dynamic_batching``), not by ``batching:``
+    model_batching: bool = False
+    look: Look = field(default_factory=Look)
+    label: Label = _target_label
+
+
+# ----------------------------------------------------------------------------- YAML parsers
+
+
+def _target_parser(kind: str, check: Callable[[str, Issues, str], None] | None = None) -> Parser:
+    def parse(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str) -> Parsed | None:
+        if not isinstance(raw, str) or not raw:
+            issues.add("must name a target", node, kind)
+            return None
+        if check is not None:
+            check(raw, issues, node)
+        return Parsed(inputs, target=raw)
+
+    return parse
+
+
+def _python_target(target: str, issues: Issues, node: str) -> None:
+    if ":" not in target:
+        issues.add(f"must be 'module:Class', got {target!r}", node, "python")
+
+
+def _switch_node(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str) -> Parsed | None:
+    switch = _parse_switch(raw, issues, node)
+    if switch is not None:
+        inputs = {"on": (switch.on,), "payload": (switch.payload,)}
+    return Parsed(inputs, switch=switch)
+
+
+def _split_node(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str) -> Parsed | None:
+    split = _parse_split(raw, issues, node)
+    if split is None:
+        return None
+    if split.sticky is not None:
+        inputs = {**inputs, STICKY_INPUT: (split.sticky,)}
+    return Parsed(inputs, split=split)
+
+
+def _parse_switch(raw: Any, issues: Issues, node: str) -> SwitchSpec | None:
+    if not isinstance(raw, dict):
+        issues.add("must be a mapping with input, cases and optional payload/default", node, "switch")
+        return None
+    unknown = set(raw) - {"input", "payload", "cases", "default"}
+    if unknown:
+        issues.add(
+            f"unknown keys {sorted(map(str, unknown))} (expected input, payload, cases, default)",
+            node,
+            "switch",
+        )
+    on = parse_ref(raw.get("input"))
+    if on is None:
+        issues.add(f"{raw.get('input')!r} is not a tensor reference", node, "switch.input")
+        return None
+    payload = parse_ref(raw["payload"]) if "payload" in raw else on
+    if payload is None:
+        issues.add(f"{raw.get('payload')!r} is not a tensor reference", node, "switch.payload")
+        return None
+    cases = []
+    raw_cases = raw.get("cases")
+    if not isinstance(raw_cases, list) or not raw_cases:
+        issues.add("must be a non-empty list of {branch, op, value, reduce}", node, "switch.cases")
+        return None
+    for i, case in enumerate(raw_cases):
+        field = f"switch.cases[{i}]"
+        if not isinstance(case, dict) or not isinstance(case.get("branch"), str):
+            issues.add("each case needs a branch name", node, field)
+            continue
+        op = case.get("op")
+        if op not in _SWITCH_OPS:
+            issues.add(f"op must be one of {sorted(_SWITCH_OPS)}, got {op!r}", node, f"{field}.op")
+            continue
+        reduce = case.get("reduce", "all")
+        if reduce not in ("all", "any"):
+            issues.add(f"reduce must be 'all' or 'any', got {reduce!r}", node, f"{field}.reduce")
+            continue
+        if "value" not in case:
+            issues.add("a case needs a value to compare with", node, f"{field}.value")
+            continue
+        cases.append(SwitchCase(case["branch"], op, case["value"], reduce))
+    default = raw.get("default")
+    if default is not None and not isinstance(default, str):
+        issues.add("must be a branch name", node, "switch.default")
+        default = None
+    return SwitchSpec(on, payload, tuple(cases), default)
+
+
+def _parse_target(raw: Any, issues: Issues, node: str, field: str, extra: set[str]) -> SplitTarget | None:
+    """``{model: name, version: 2}`` or ``{graph: name}`` (plus the ``extra`` keys allowed)."""
+    if not isinstance(raw, dict):
+        issues.add("must be a mapping with 'model' (and maybe 'version') or 'graph'", node, field)
+        return None
+    unknown = set(raw) - {"model", "graph", "version", *extra}
+    if unknown:
+        issues.add(f"unknown keys {sorted(map(str, unknown))}", node, field)
+    kinds = [k for k in ("model", "graph") if k in raw]
+    if len(kinds) != 1 or not isinstance(raw[kinds[0]], str) or not raw[kinds[0]]:
+        issues.add("needs exactly one of 'model: NAME' or 'graph: NAME'", node, field)
+        return None
+    kind: Literal["model", "graph"] = "model" if kinds[0] == "model" else "graph"
+    version = raw.get("version", "")
+    if kind == "graph" and version not in ("", None):
+        issues.add("a graph has no versions", node, f"{field}.version")
+    return SplitTarget(kind, raw[kind], str(version) if kind == "model" and version is not None else "")
+
+
+def _number(raw: Any, issues: Issues, node: str, field: str, low: float, high: float | None) -> float | None:
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, int | float)
+        or raw < low
+        or (high is not None and raw > high)
+    ):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        issues.add(f"must be a number {bound}, got {raw!r}", node, field)
+        return None
+    return float(raw)
+
+
+def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
+    keys = {"arms", "by_parameter", "sticky", "sticky_parameter", "shadow"}
+    if not isinstance(raw, dict):
+        issues.add(f"must be a mapping with keys {sorted(keys)}", node, "split")
+        return None
+    before = len(issues.items)
+    unknown = set(raw) - keys
+    if unknown:
+        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {sorted(keys)})", node, "split")
+    raw_arms = raw.get("arms")
+    arms: list[SplitArm] = []
+    if not isinstance(raw_arms, dict) or not raw_arms:
+        issues.add(
+            "must be a non-empty mapping of arm name to {model|graph, version, weight}", node, "split.arms"
+        )
+    else:
+        for arm_name, arm in raw_arms.items():
+            field = f"split.arms.{arm_name}"
+            target = _parse_target(arm, issues, node, field, {"weight"})
+            weight = (
+                _number(arm.get("weight", 1), issues, node, f"{field}.weight", 0, None) if target else None
+            )
+            if target is not None and weight is not None:
+                arms.append(SplitArm(str(arm_name), target, weight))
+        if arms and len(arms) == len(raw_arms) and sum(a.weight for a in arms) <= 0:
+            issues.add("the arms' weights must not all be 0", node, "split.arms")
+    for key in ("by_parameter", "sticky_parameter"):
+        if not isinstance(raw.get(key, ""), str):
+            issues.add("must be a request parameter name", node, f"split.{key}")
+    sticky = None
+    if raw.get("sticky") is not None:
+        sticky = parse_ref(raw["sticky"])
+        if sticky is None:
+            issues.add(
+                f"{raw['sticky']!r} is not a tensor reference ('$input' or 'node.tensor')",
+                node,
+                "split.sticky",
+            )
+        elif raw.get("sticky_parameter"):
+            issues.add("set 'sticky' (a tensor) or 'sticky_parameter', not both", node, "split.sticky")
+    shadow = None
+    if raw.get("shadow") is not None:
+        extra = {"fraction", "max_in_flight"}
+        shadow_raw = raw["shadow"]
+        target = _parse_target(shadow_raw, issues, node, "split.shadow", extra)
+        if target is not None:
+            fraction = _number(shadow_raw.get("fraction", 1.0), issues, node, "split.shadow.fraction", 0, 1)
+            limit = shadow_raw.get("max_in_flight", 64)
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                issues.add(f"must be an integer >= 1, got {limit!r}", node, "split.shadow.max_in_flight")
+                limit = 64
+            if fraction is not None:
+                shadow = ShadowSpec(target, fraction, limit)
+    if len(issues.items) > before:
+        return None
+    return SplitSpec(
+        arms=tuple(arms),
+        by_parameter=str(raw.get("by_parameter", "")),
+        sticky=sticky,
+        sticky_parameter=str(raw.get("sticky_parameter", "")),
+        shadow=shadow,
+    )
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def case_text(switch: SwitchSpec, branch: str) -> str:
+    """When ``branch`` is taken, in words ("x gt 100 (any)", "default", "never")."""
+    on = switch.on.key.removeprefix("$")
+    conds = [f"{on} {c.op} {c.value!r} ({c.reduce})" for c in switch.cases if c.branch == branch]
+    if conds:
+        return " or ".join(conds)
+    return "default" if branch == switch.default else "never"
+
+
+def _switch_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
+    if node.switch is None:
+        return _target_label(node, model)
+    return ["switch", *(f"{b}: {case_text(node.switch, b)}" for b in node.switch.branches)]
+
+
+def _split_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
+    if node.split is None:
+        return _target_label(node, model)
+    lines = ["split", *(f"{a.name} ({a.weight:g}): {a.target}" for a in node.split.arms)]
+    if node.split.shadow is not None:
+        lines.append(f"shadow: {node.split.shadow.target}")
+    return lines
+
+
+def _backend_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
+    backend = model.platform or model.backend if model is not None else ""
+    return [f"backend: {backend}" if backend else "backend"]
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def _register(*kinds: Kind) -> dict[str, Kind]:
+    return {k.name: k for k in kinds}
+
+
+KINDS: dict[str, Kind] = _register(
+    Kind(
+        "model",
+        _target_parser("model"),
+        step=True,
+        runs_model=True,
+        look=Look("#dcfce7"),
+    ),
+    Kind("python", _target_parser("python", _python_target), look=Look("#fef3c7")),
+    Kind(
+        "switch",
+        _switch_node,
+        no_batching="a switch node cannot batch (its rows would take different branches)",
+        look=Look("#fce7f3", "hexagon"),
+        label=_switch_label,
+    ),
+    Kind("graph", _target_parser("graph"), step=True, look=Look("#e0e7ff")),
+    Kind(
+        "split",
+        _split_node,
+        no_batching="a split node cannot batch (a merged batch would take one arm); batch in its arms",
+        label=_split_label,
+    ),
+    # internal: the one node of a repository model's own graph, running the model's backend
+    Kind("backend", None, runs_model=True, model_batching=True, look=Look("#dcfce7"), label=_backend_label),
+)
+
+# the kind keys of a YAML node, in the order error messages list them
+YAML_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.parse is not None)
+
+
+def kind_of(node: NodeSpec) -> Kind:
+    return KINDS[node.kind]
+
+
+def node_targets(node: NodeSpec, shadow: bool = True) -> tuple[str, ...]:
+    """The servables a node calls: a model or graph step's target, a split's arms and (unless
+    ``shadow`` is false: a shadow never makes a graph unready) its shadow."""
+    if kind_of(node).step:
+        return (node.target,)
+    if node.split is not None:
+        names = [a.target.target for a in node.split.arms]
+        if shadow and node.split.shadow is not None:
+            names.append(node.split.shadow.target.target)
+        return tuple(dict.fromkeys(names))
+    return ()
+
+
+__all__ = [
+    "KINDS",
+    "YAML_KINDS",
+    "Issues",
+    "Kind",
+    "Look",
+    "Parsed",
+    "case_text",
+    "kind_of",
+    "node_targets",
+    "parse_ref",
+]
