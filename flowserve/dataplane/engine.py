@@ -439,10 +439,14 @@ class Engine:
     async def _retire(self, servables: list[Servable], grace_s: float = 30.0) -> None:
         """Stop replaced servables once their in-flight requests are done (or after grace_s)."""
         for servable in servables:
-            waited = 0.0
-            while servable.stats.pending and waited < grace_s:
-                await asyncio.sleep(0.01)
-                waited += 0.01
+            if not await servable.drained(grace_s):
+                log.warning(
+                    "%s version %d: stopped after %.0f s with %d requests in flight",
+                    servable.name,
+                    servable.version,
+                    grace_s,
+                    servable.stats.pending,
+                )
             await servable.stop()
 
     async def stop(self) -> None:

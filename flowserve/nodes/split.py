@@ -249,7 +249,13 @@ class Shadow:
         )
         task = asyncio.get_running_loop().create_task(self._run(copy, shadow_ctx))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A copy ended: forget it; what escaped ``_run`` (a bug, never a target's error) is logged."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("shadow task to %s failed", self.spec.target, exc_info=exc)
 
     async def _run(self, inputs: TensorMap, ctx: Context) -> None:
         target = self.spec.target

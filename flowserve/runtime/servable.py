@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ class Servable:
     # compiled once: the request check, and the names of the outputs a request may ask for
     validate: InputValidator = field(init=False, repr=False)
     output_names: frozenset[str] = field(init=False, repr=False)
+    # set when the last in-flight request ends, once someone waits for that (see drained)
+    _idle: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.validate = InputValidator(self.plan)
@@ -69,6 +72,8 @@ class Servable:
             raise
         finally:
             stats.pending -= 1
+            if self._idle is not None and not stats.pending:
+                self._idle.set()
         if cache is not None:
             before = clock.now_ns()
             cache.put(key, outputs)
@@ -92,6 +97,8 @@ class Servable:
             raise
         finally:
             stats.pending -= 1
+            if self._idle is not None and not stats.pending:
+                self._idle.set()
         self._succeeded(rows, start)
 
     def _validate(self, inputs: TensorMap, start: int) -> int:
@@ -110,6 +117,23 @@ class Servable:
             self.stats.record_execution(rows, 0, elapsed, 0)
             self.stats.queue.add(0)
         self.stats.record_request(True, elapsed)
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (signalled where the count drops, no polling),
+        at most ``timeout_s``; whether it drained."""
+        if not self.stats.pending:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        idle = self._idle
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.stats.pending:
+                    idle.clear()
+                    await idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def stop(self) -> None:
         for node in self.executor.nodes:

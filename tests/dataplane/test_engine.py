@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import shutil
 import sys
@@ -284,3 +285,56 @@ class TritonPythonModel:
     assert bundled.model_ready("simple")
     out = await bundled.infer("simple", pair())
     assert out["OUTPUT0"].shape == (1, 16)
+
+
+async def test_unload_waits_for_in_flight_requests_without_polling(
+    tmp_path: Path, node_module: object
+) -> None:
+    """A retired version is stopped when its last in-flight request ends (signalled, not polled),
+    and a request running during the unload completes."""
+    module = node_module(  # type: ignore[operator]
+        """
+        import asyncio
+
+        GATE = {}
+
+        class Slow:
+            outputs = {"y": ("FP32", [-1])}
+            async def execute(self, inputs):
+                GATE["entered"].set()
+                await GATE["release"].wait()
+                return {"y": inputs["x"] + 1}
+        """
+    )
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    (graphs / "slow.yaml").write_text(
+        f"""
+inputs: {{x: {{datatype: FP32, dims: [-1]}}}}
+outputs: {{y: s.y}}
+nodes:
+  s: {{python: {module}:Slow, inputs: {{x: $x}}}}
+"""
+    )
+    gate = importlib.import_module(module).GATE
+    gate["entered"], gate["release"] = asyncio.Event(), asyncio.Event()
+    engine = await flowserve.Engine.start(graphs=graphs)
+    try:
+        servable = engine.registry.get("slow", "")
+        request = asyncio.create_task(engine.infer("slow", {"x": np.array([1.0], np.float32)}))
+        await asyncio.wait_for(gate["entered"].wait(), 10)
+        unload = asyncio.create_task(engine.unload_model("slow"))
+        await asyncio.sleep(0.05)
+        assert not unload.done() and servable.stats.pending == 1
+        gate["release"].set()
+        np.testing.assert_array_equal((await asyncio.wait_for(request, 10))["y"], [2.0])
+        assert await asyncio.wait_for(unload, 10) == ["slow"]
+        assert not engine.model_ready("slow")
+        # nothing in flight: drained at once; a request that never ends: False after the timeout
+        assert await servable.drained(0.0)
+        servable.stats.pending = 1
+        assert not await servable.drained(0.02)
+        servable.stats.pending = 0
+    finally:
+        gate["release"].set()
+        await engine.stop()

@@ -9,8 +9,8 @@ the stream they become that message's ``error_message`` and the stream goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +30,8 @@ from flowserve.frontends.grpc.codec import (
     shm_targets,
 )
 from flowserve.frontends.grpc.errors import status_of
+
+log = logging.getLogger("flowserve")
 
 _S = TypeVar("_S", bound="InferenceServicer")
 _Method = Callable[[_S, Any, Any], Awaitable[Any]]
@@ -122,11 +124,14 @@ class InferenceServicer:
                 window.release()
             await reader
         finally:
-            reader.cancel()
-            for task in list(running):
+            # the stream owns its tasks: none outlives it, and what failed in one is logged
+            tasks = [reader, *running]
+            for task in tasks:
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            for outcome in outcomes[1:]:  # the reader's error, if any, ended the stream above
+                if isinstance(outcome, Exception):
+                    log.error("a stream request's task failed", exc_info=outcome)
 
     async def _stream_one(self, msg: Any, out: asyncio.Queue[Any]) -> None:
         """Every response to one stream request into ``out``, then _END."""
