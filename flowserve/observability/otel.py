@@ -14,87 +14,50 @@ flowserve's ``flowserve.graph`` / ``flowserve.node`` attributes, REQUEST_START/E
 COMPUTE_START/END events, and an error status naming what failed. Skipped branches are
 zero-length spans marked ``flowserve.skipped``.
 
-Spans go out as OTLP/HTTP with JSON encoding (``Content-Type: application/json``, which the
-OpenTelemetry collector, Jaeger and Tempo accept on ``/v1/traces``), through a batch span
-processor with Triton's settings: ``bsp_max_queue_size`` (spans waiting; more are dropped and
-counted), ``bsp_max_export_batch_size`` (spans per export) and ``bsp_schedule_delay`` (ms
-between exports). Exports run on one daemon thread, so the event loop only converts and
-queues; a collector that is down costs a logged warning (at most one a minute), never a
-request. Times are wall-clock (OpenTelemetry's), converted from the monotonic clock spans keep.
+The spans are made with OpenTelemetry's SDK (a ``TracerProvider`` of flowserve's own, never the
+global one), with the start and end times flowserve recorded (wall-clock, converted from the
+monotonic clock spans keep), and go out through the SDK's ``BatchSpanProcessor`` to its OTLP
+exporter: OTLP/HTTP with protobuf encoding (which the OpenTelemetry collector, Jaeger and Tempo
+accept on ``/v1/traces``), or OTLP/gRPC for a ``grpc://`` url (see ``OtelOptions``). The
+processor takes Triton's settings (``bsp_max_queue_size``: spans waiting, more are dropped;
+``bsp_max_export_batch_size``: spans per export; ``bsp_schedule_delay``: ms between exports) and
+exports on its own daemon thread, so the event loop only makes spans and queues them; a
+collector that is down costs a logged warning (at most one a minute), never a request.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 from flowserve.core.node import Span
 from flowserve.dataplane.plane import VERSION, DataPlane, Trace
+from flowserve.observability.traceconfig import DEFAULT_URL, OtelOptions
 from flowserve.observability.traces import trace_bounds
+
+try:
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+except ImportError as exc:  # pragma: no cover - a dependency of flowserve
+    raise ImportError(
+        "--trace-config mode=opentelemetry needs opentelemetry-sdk and "
+        f"opentelemetry-exporter-otlp-proto-http (flowserve's dependencies): {exc}"
+    ) from exc
 
 log = logging.getLogger("flowserve.otel")
 
-DEFAULT_URL = "http://localhost:4318/v1/traces"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
-SERVER, INTERNAL = 2, 1  # OTLP span kinds
-STATUS_ERROR = 2
-
-
-@dataclass
-class OtelOptions:
-    """Triton's ``--trace-config opentelemetry,<setting>=<value>`` settings."""
-
-    url: str = DEFAULT_URL
-    resource: dict[str, str] = field(default_factory=lambda: {"service.name": "flowserve"})
-    max_queue_size: int = 2048
-    schedule_delay_ms: int = 5000
-    max_export_batch_size: int = 512
-    timeout_s: float = 10.0
-
-    @classmethod
-    def from_env(cls) -> OtelOptions:
-        """Defaults, with OpenTelemetry's environment variables applied (as Triton reads them)."""
-        options = cls()
-        for pair in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-            key, sep, value = pair.partition("=")
-            if sep and key.strip():
-                options.resource[key.strip()] = value.strip()
-        for env, name in (
-            ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_ms"),
-            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size"),
-        ):
-            if os.environ.get(env, "").strip():
-                options.set(name, os.environ[env], env)
-        return options
-
-    def set(self, name: str, text: str, source: str) -> None:
-        """One integer batch-processor setting from ``source`` (ValueError naming it)."""
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{source}: expected an integer, got {text!r}") from None
-        if value < (0 if name == "schedule_delay_ms" else 1):
-            raise ValueError(f"{source}: {value} is out of range")
-        setattr(self, name, value)
-
-    def check(self) -> None:
-        if self.max_export_batch_size > self.max_queue_size:
-            raise ValueError(
-                f"bsp_max_export_batch_size ({self.max_export_batch_size}) must not exceed "
-                f"bsp_max_queue_size ({self.max_queue_size})"
-            )
-        if "://" not in self.url:  # Triton's examples give host:port/path
-            self.url = "http://" + self.url
+# the SDK exporters' own loggers: a retry notice per attempt and an error per failed batch
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
 
 
 def parse_traceparent(value: str | None) -> tuple[str, str] | None:
@@ -107,40 +70,15 @@ def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     return match.group(1), match.group(2)
 
 
-def _attrs(values: dict[str, str | int | bool]) -> list[dict[str, Any]]:
-    out = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            out.append({"key": key, "value": {"boolValue": value}})
-        elif isinstance(value, int):
-            out.append({"key": key, "value": {"intValue": str(value)}})
-        else:
-            out.append({"key": key, "value": {"stringValue": value}})
-    return out
-
-
-def _span(
-    trace_id: str, span_id: str, parent: str, name: str, kind: int, start_ns: int, end_ns: int,
-    attributes: dict[str, str | int | bool], events: tuple[str, str], error: str = "",
-) -> dict[str, Any]:  # fmt: skip
-    span: dict[str, Any] = {
-        "traceId": trace_id,
-        "spanId": span_id,
-        "name": name,
-        "kind": kind,
-        "startTimeUnixNano": str(start_ns),
-        "endTimeUnixNano": str(end_ns),
-        "attributes": _attrs(attributes),
-        "events": [
-            {"timeUnixNano": str(start_ns), "name": events[0]},
-            {"timeUnixNano": str(end_ns), "name": events[1]},
-        ],
-    }
-    if parent:
-        span["parentSpanId"] = parent
-    if error:
-        span["status"] = {"code": STATUS_ERROR, "message": error}
-    return span
+def make_resource(options: OtelOptions) -> Resource:
+    """The exporter's resource: ``opentelemetry,resource=`` over ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK reads those), with service.name "flowserve" when
+    none of them names the service."""
+    attributes: dict[str, str] = {}
+    if "service.name" not in OTELResourceDetector().detect().attributes:
+        attributes["service.name"] = "flowserve"
+    attributes.update(options.resource)
+    return Resource.create(attributes)
 
 
 def _enclosing(span: Span, spans: list[Span], top: str) -> int | None:
@@ -159,52 +97,146 @@ def _enclosing(span: Span, spans: list[Span], top: str) -> int | None:
     return best
 
 
-def otlp_spans(trace: Trace, wall_offset_ns: int, new_id: Any = None) -> list[dict[str, Any]]:
-    """The OTLP (JSON) spans of one trace; ``wall_offset_ns`` turns monotonic into wall time."""
-    new_id = new_id or (lambda n: os.urandom(n).hex())
-    context = parse_traceparent(trace.traceparent)
-    trace_id, caller = context if context is not None else (new_id(16), "")
-    t0, t1 = (t + wall_offset_ns for t in trace_bounds(trace.spans))
-    base: dict[str, str | int | bool] = {"model_name": trace.model, "request_id": trace.request_id}
-    error = "" if trace.ok else trace.error or "failed"
-    top_id, model_id = new_id(8), new_id(8)
-    request = ("REQUEST_START", "REQUEST_END")
-    out = [
-        _span(trace_id, top_id, caller, "InferRequest", SERVER, t0, t1, base, request, error),
-        _span(trace_id, model_id, top_id, trace.model, INTERNAL, t0, t1, base, request, error),
-    ]
-    ids = [new_id(8) for _ in trace.spans]
-    for i, span in enumerate(trace.spans):
-        holder = _enclosing(span, trace.spans, trace.model)
-        start = span.start_ns + wall_offset_ns
-        end = max(span.end_ns, span.start_ns) + wall_offset_ns
-        attributes: dict[str, str | int | bool] = {
-            "model_name": span.graph,
-            "request_id": trace.request_id,
-            "flowserve.graph": span.graph,
-            "flowserve.node": span.node,
-        }
-        if span.batch_size:
-            attributes["flowserve.batch_size"] = span.batch_size
-        if span.skipped:
-            attributes["flowserve.skipped"] = True
-        parent = model_id if holder is None else ids[holder]
-        events = ("COMPUTE_START", "COMPUTE_END")
-        out.append(
-            _span(
-                trace_id,
-                ids[i],
-                parent,
-                span.node,
-                INTERNAL,
-                start,
-                end,
-                attributes,
-                events,
-                span.error or "",
-            )
+def record_trace(tracer: otel_trace.Tracer, trace: Trace, wall_offset_ns: int) -> None:
+    """Make (and end) the spans of one trace with ``tracer``; ``wall_offset_ns`` turns
+    flowserve's monotonic times into wall-clock ones."""
+    parent = None
+    caller = parse_traceparent(trace.traceparent)
+    if caller is not None:  # the caller's span, continued
+        context = otel_trace.SpanContext(
+            int(caller[0], 16),
+            int(caller[1], 16),
+            is_remote=True,
+            trace_flags=otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED),
         )
-    return out
+        parent = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(context))
+    t0, t1 = (t + wall_offset_ns for t in trace_bounds(trace.spans))
+    base = {"model_name": trace.model, "request_id": trace.request_id}
+    error = "" if trace.ok else trace.error or "failed"
+    server, internal = otel_trace.SpanKind.SERVER, otel_trace.SpanKind.INTERNAL
+    top = tracer.start_span("InferRequest", parent, server, base, start_time=t0)
+    model = tracer.start_span(trace.model, otel_trace.set_span_in_context(top), internal, base, start_time=t0)
+    for span in (top, model):
+        span.add_event("REQUEST_START", timestamp=t0)
+
+    holders = [_enclosing(span, trace.spans, trace.model) for span in trace.spans]
+    made: dict[int, otel_trace.Span] = {}
+
+    def make(i: int, visiting: frozenset[int]) -> otel_trace.Span:
+        """Node ``i``'s span, after the span of the step that holds it."""
+        if i in made:
+            return made[i]
+        holder = holders[i]
+        # the addressed graph's node (or a tie in time): under the model's span
+        outer = model if holder is None or holder in visiting else make(holder, visiting | {i})
+        node = trace.spans[i]
+        attributes: dict[str, str | int | bool] = {
+            "model_name": node.graph,
+            "request_id": trace.request_id,
+            "flowserve.graph": node.graph,
+            "flowserve.node": node.node,
+        }
+        if node.batch_size:
+            attributes["flowserve.batch_size"] = node.batch_size
+        if node.skipped:
+            attributes["flowserve.skipped"] = True
+        start = node.start_ns + wall_offset_ns
+        made[i] = tracer.start_span(
+            node.node, otel_trace.set_span_in_context(outer), internal, attributes, start_time=start
+        )
+        made[i].add_event("COMPUTE_START", timestamp=start)
+        return made[i]
+
+    for i in range(len(trace.spans)):
+        make(i, frozenset())
+    for i, otel_span in reversed(made.items()):  # the inner spans end first
+        node = trace.spans[i]
+        end = max(node.end_ns, node.start_ns) + wall_offset_ns
+        otel_span.add_event("COMPUTE_END", timestamp=end)
+        if node.error:
+            otel_span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, node.error))
+        otel_span.end(end_time=end)
+    for span in (model, top):
+        span.add_event("REQUEST_END", timestamp=t1)
+        if error:
+            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, error))
+        span.end(end_time=t1)
+
+
+class _OncePerMinute(logging.Filter):
+    """On the SDK exporters' loggers: their errors at most once a minute, no retry notices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._at = -60.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return False
+        now = time.monotonic()
+        if now - self._at < 60:
+            return False
+        self._at = now
+        return True
+
+
+for _name in _EXPORTER_LOGGERS:
+    logging.getLogger(_name).addFilter(_OncePerMinute())
+
+
+class _Counting(SpanExporter):
+    """The SDK's OTLP exporter, counting what it exported and what failed, with a warning (at
+    most one a minute) naming the collector."""
+
+    def __init__(self, inner: SpanExporter, endpoint: str) -> None:
+        self.inner = inner
+        self.endpoint = endpoint
+        self.exported = 0
+        self.failed = 0
+        self._lock = threading.Lock()
+        self._warned_at = -60.0
+        self._shut = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:
+            log.debug("OpenTelemetry exporter raised: %r", exc)
+            result = SpanExportResult.FAILURE
+        with self._lock:
+            if result is SpanExportResult.SUCCESS:
+                self.exported += len(spans)
+                return result
+            self.failed += len(spans)
+            now = time.monotonic()
+            warn, self._warned_at = now - self._warned_at > 60, now
+        if warn:
+            log.warning("OpenTelemetry export to %s failed; %d spans dropped", self.endpoint, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        with self._lock:
+            shut, self._shut = self._shut, True
+        if not shut:
+            self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def _span_exporter(options: OtelOptions) -> SpanExporter:
+    protocol, endpoint = options.transport()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+        except ImportError as exc:  # pragma: no cover - a dependency of flowserve
+            raise ImportError(f"OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc: {exc}") from exc
+        return GrpcSpanExporter(endpoint=endpoint, timeout=options.timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint, timeout=options.timeout_s)
 
 
 class OtlpExporter:
@@ -214,87 +246,59 @@ class OtlpExporter:
         options.check()
         self.plane = plane
         self.options = options
-        self.dropped = 0
-        self.exported = 0
-        self._queue: deque[dict[str, Any]] = deque()
-        self._lock = threading.Condition()
-        self._closing = False
-        self._warned_at = 0.0
-        self._resource = {"attributes": _attrs(dict(options.resource))}
-        self._thread = threading.Thread(target=self._run, name="otlp-exporter", daemon=True)
-        self._thread.start()
+        self.endpoint = options.endpoint()
+        self.spans = 0  # spans made (each to be exported, refused, or dropped)
+        self._exporter = _Counting(_span_exporter(options), self.endpoint)
+        queue, delay, batch = options.batch_settings()
+        self._provider = TracerProvider(
+            sampler=ALWAYS_ON,  # flowserve's trace settings chose the request
+            resource=make_resource(options),
+            shutdown_on_exit=False,  # close() does, at the server's stop
+        )
+        self._provider.add_span_processor(
+            BatchSpanProcessor(
+                self._exporter, max_queue_size=queue, schedule_delay_millis=delay, max_export_batch_size=batch
+            )
+        )
+        self._tracer = self._provider.get_tracer("flowserve", VERSION)
+
+    @property
+    def exported(self) -> int:
+        """Spans the collector took."""
+        return self._exporter.exported
+
+    @property
+    def failed(self) -> int:
+        """Spans sent (or, at close, abandoned) whose export failed."""
+        return self._exporter.failed
+
+    @property
+    def dropped(self) -> int:
+        """Spans not exported: refused, or over the queue's bound (final once closed; before,
+        what is still queued counts too)."""
+        return self.spans - self._exporter.exported
 
     def __call__(self, trace: Trace) -> None:
         if self.plane.trace_file_settings(trace.model).trace_mode != "opentelemetry":
             return
-        spans = otlp_spans(trace, time.time_ns() - time.monotonic_ns())
-        with self._lock:
-            queue = self._queue
-            was_empty = not queue
-            room = self.options.max_queue_size - len(queue)
-            if room < len(spans):
-                self.dropped += len(spans) - max(room, 0)
-                spans = spans[: max(room, 0)]
-            queue.extend(spans)
-            # wake the exporter: from idle (its delay starts), or because a batch is full
-            if was_empty or len(queue) >= self.options.max_export_batch_size:
-                self._lock.notify()
+        record_trace(self._tracer, trace, time.time_ns() - time.monotonic_ns())
+        self.spans += 2 + len(trace.spans)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (for ``timeout_s`` at most) and stop the export thread."""
-        with self._lock:
-            self._closing = True
-            self._lock.notify()
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        delay = self.options.schedule_delay_ms / 1000
-        size = self.options.max_export_batch_size
-        while True:
-            with self._lock:
-                while not self._closing and not self._queue:
-                    self._lock.wait()  # idle until spans come
-                if not self._closing and len(self._queue) < size:
-                    self._lock.wait(delay)  # then send them after the delay, or once a batch fills
-                batch = [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
-                last = self._closing and not self._queue
-            if batch:
-                self._export(batch)
-            if last:
-                return
-
-    def _export(self, spans: list[dict[str, Any]]) -> None:
-        body = {
-            "resourceSpans": [
-                {
-                    "resource": self._resource,
-                    "scopeSpans": [{"scope": {"name": "flowserve", "version": VERSION}, "spans": spans}],
-                }
-            ]
-        }
-        request = urllib.request.Request(
-            self.options.url,
-            data=json.dumps(body, separators=(",", ":")).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_s) as reply:
-                reply.read()
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            with self._lock:  # __call__ counts drops too, on the loop's thread
-                self.dropped += len(spans)
-            now = time.monotonic()
-            if now - self._warned_at > 60:
-                self._warned_at = now
-                log.warning(
-                    "OpenTelemetry export to %s failed (%s); %d spans dropped",
-                    self.options.url,
-                    exc,
-                    len(spans),
-                )
-        else:
-            self.exported += len(spans)
+        done = threading.Thread(target=self._provider.shutdown, name="otlp-shutdown", daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():  # a collector that does not answer: its retries are given up
+            self._exporter.shutdown()
+            done.join(1.0)
 
 
-__all__ = ["DEFAULT_URL", "OtelOptions", "OtlpExporter", "otlp_spans", "parse_traceparent"]
+__all__ = [
+    "DEFAULT_URL",
+    "OtelOptions",
+    "OtlpExporter",
+    "make_resource",
+    "parse_traceparent",
+    "record_trace",
+]
