@@ -86,7 +86,7 @@ def cmd_graph_list(args: argparse.Namespace) -> int:
 def cmd_graph_render(args: argparse.Namespace) -> int:
     """Draw one model or graph (by name, or a YAML graph file) as DOT, Mermaid, SVG, PNG or HTML."""
     from flowserve.core.errors import FlowserveError
-    from flowserve.graph.render import FORMATS, render
+    from flowserve.observability.render import FORMATS, render
     from flowserve.spec.repository import scan_graphs
 
     out = str(args.output)

@@ -30,8 +30,8 @@ from urllib.parse import parse_qs, quote
 
 from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound
 from flowserve.dataplane.plane import DataPlane
-from flowserve.graph import render
 from flowserve.graph.plan import Plan
+from flowserve.observability import render
 from flowserve.observability.httpserver import ASGIApp, Receive, Scope, Send
 from flowserve.observability.snapshot import model_summary, node_summary
 from flowserve.observability.traces import find_trace, trace_dict, trace_summary, triton_trace

@@ -4,7 +4,7 @@ step, no CDN, nothing fetched from the network but the page's own JSON endpoints
 
 from __future__ import annotations
 
-from flowserve.graph.render import PAGE_CSS
+from flowserve.observability.render import PAGE_CSS
 
 CSS = (
     PAGE_CSS

@@ -16,7 +16,6 @@ import pytest
 import flowserve
 from flowserve.core.errors import InvalidArgument, NotFound, SpecError
 from flowserve.dataplane.plane import DataPlane
-from flowserve.graph.render import render
 from flowserve.nodes.split import (
     SplitNode,
     choose_arm,
@@ -26,6 +25,7 @@ from flowserve.nodes.split import (
     tensor_key,
 )
 from flowserve.observability.metrics import make_registry, scrape
+from flowserve.observability.render import render
 from flowserve.spec.graph_yaml import load_graph_file
 
 # ------------------------------------------------------------------------ the pure choice

@@ -14,7 +14,7 @@ import flowserve
 from flowserve.core.errors import FlowserveError
 from flowserve.core.types import InferRequest
 from flowserve.dataplane.plane import DataPlane
-from flowserve.graph import render
+from flowserve.observability import render
 from flowserve.observability.ui import make_ui_app
 
 A = np.ones((2, 16), np.int32)

@@ -1,4 +1,5 @@
-"""Graph rendering: the view, DOT, Mermaid, the built-in SVG layout, graphviz output, HTML, CLI."""
+"""Graph rendering (flowserve/observability/render, over the view of flowserve/graph/view.py):
+the view, DOT, Mermaid, the built-in SVG layout, graphviz output, HTML, CLI."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 from flowserve.core.errors import Unsupported
 from flowserve.dataplane.engine import add_import_roots, scan_all
-from flowserve.graph import render
 from flowserve.graph.plan import Plan
 from flowserve.nodes.factory import compile_all
+from flowserve.observability import render
 from flowserve.spec.repository import Scan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +228,8 @@ def test_graphviz_accepts_every_bundled_graph(bundled: tuple[dict[str, Plan], Sc
 
 def test_without_graphviz(bundled: tuple[dict[str, Plan], Scan], monkeypatch: pytest.MonkeyPatch) -> None:
     plans, _ = bundled
-    monkeypatch.setattr(render, "dot_binary", lambda: None)
+    monkeypatch.setattr(render, "dot_binary", lambda: None)  # what render() and the page ask
+    monkeypatch.setattr(render.page, "dot_binary", lambda: None)  # what dot_to() runs
     with pytest.raises(render.GraphvizMissing, match="apt-get install graphviz"):
         render.render(plans["fanout"], "png")
     with pytest.raises(render.GraphvizMissing):
