@@ -10,6 +10,10 @@ the header is ``admin-key``, over gRPC the metadata key is ``triton-grpc-protoco
 (Triton's prefix). Otherwise HTTP answers 403 and gRPC UNAVAILABLE (as Triton does), naming the
 header expected, never the value. A category may be in one group only. Nothing is restricted
 unless configured; an unrestricted server pays nothing per request.
+
+This module is the transport-neutral part (the categories, the groups and the refusal); which
+category a request falls in is decided by each front end from its own route table
+(``frontends/http/app.py`` by path, ``frontends/grpc/access.py`` by rpc).
 """
 
 from __future__ import annotations
@@ -78,68 +82,3 @@ class Restrictions:
             return None
         kind = "protocol" if restriction.header.startswith(GRPC_HEADER_PREFIX) else "API"
         return f"This {kind} is restricted, expecting header '{restriction.header}'"
-
-
-def http_category(method: str, parts: Sequence[str]) -> str | None:
-    """The category of an HTTP path split on '/' (``['', 'v2', ...]``); None: not a /v2 route."""
-    if len(parts) < 2 or parts[1] != "v2":
-        return None
-    if len(parts) == 2:
-        return "metadata"
-    section, rest = parts[2], parts[3:]
-    if section == "health":
-        return "health"
-    if section == "repository":
-        return "model-repository"
-    if section in ("systemsharedmemory", "cudasharedmemory"):
-        return "shared-memory"
-    if section == "trace":
-        return "trace"
-    if section == "logging":
-        return "logging"
-    if section != "models":
-        return None
-    if rest and rest[-1] == "stats":
-        return "statistics"
-    if len(rest) >= 2 and rest[-2:] == ["trace", "setting"]:
-        return "trace"
-    action = rest[-1] if len(rest) in (2, 4) else ""
-    if action in ("infer", "generate", "generate_stream"):
-        return "inference"
-    if action == "ready":
-        return "health"
-    if action == "config":
-        return "model-config"
-    return "metadata"
-
-
-GRPC_CATEGORIES: dict[str, str] = {
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelInfer": "inference",
-    "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config",
-    "ModelStatistics": "statistics",
-    "RepositoryIndex": "model-repository",
-    "RepositoryModelLoad": "model-repository",
-    "RepositoryModelUnload": "model-repository",
-    "SystemSharedMemoryStatus": "shared-memory",
-    "SystemSharedMemoryRegister": "shared-memory",
-    "SystemSharedMemoryUnregister": "shared-memory",
-    "CudaSharedMemoryStatus": "shared-memory",
-    "CudaSharedMemoryRegister": "shared-memory",
-    "CudaSharedMemoryUnregister": "shared-memory",
-    "TraceSetting": "trace",
-    "LogSettings": "logging",
-}
-
-
-def grpc_category(method: str) -> str | None:
-    """The category of a gRPC method path (``/inference.GRPCInferenceService/ModelInfer``)."""
-    service, _, name = method.rpartition("/")
-    if service.endswith("grpc.health.v1.Health"):
-        return "health"
-    return GRPC_CATEGORIES.get(name)

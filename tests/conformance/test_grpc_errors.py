@@ -4,7 +4,7 @@ tensor, and the server keeps serving."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -370,16 +370,20 @@ def test_register_errors(client: grpcclient.InferenceServerClient, region: tuple
 
 
 def test_cuda_shared_memory_unsupported(client: grpcclient.InferenceServerClient) -> None:
-    calls: list[Callable[[], Any]] = [
-        lambda: client.get_cuda_shared_memory_status(),
-        lambda: client.register_cuda_shared_memory("gpu0", b"\x00" * 64, 0, 64),
-        lambda: client.unregister_cuda_shared_memory(),
-    ]
-    for call in calls:
-        with pytest.raises(InferenceServerException) as info:
-            call()
-        assert info.value.status() == str(StatusCode.UNIMPLEMENTED)
-        assert "CUDA shared memory" in info.value.message()
+    # as over HTTP (test_http_shm.py): registering is UNIMPLEMENTED (HTTP 501), naming the
+    # reason; there are never regions to list or unregister, so clients that clean up every kind
+    # of region (perf_analyzer's UnregisterAllSharedMemory) succeed
+    with pytest.raises(InferenceServerException) as info:
+        client.register_cuda_shared_memory("gpu0", b"\x00" * 64, 0, 64)
+    assert info.value.status() == str(StatusCode.UNIMPLEMENTED)
+    assert "CUDA shared memory is not supported" in info.value.message()
+    assert list(client.get_cuda_shared_memory_status().regions) == []
+    assert client.get_cuda_shared_memory_status(as_json=True) == {}
+    with pytest.raises(InferenceServerException) as info:
+        client.get_cuda_shared_memory_status("gpu0")
+    assert info.value.status() == str(StatusCode.NOT_FOUND) and "'gpu0'" in info.value.message()
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("gpu0")
 
 
 # ------------------------------------------------------------------ limits

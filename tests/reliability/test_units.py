@@ -15,14 +15,10 @@ import pytest
 from flowserve.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from flowserve.core.limits import MAX_RANK, Limits, check_shape
 from flowserve.core.wire import check_shm_size, from_list, from_raw
-from flowserve.dataplane.access import (
-    CATEGORIES,
-    GRPC_HEADER_PREFIX,
-    Restrictions,
-    grpc_category,
-    http_category,
-)
+from flowserve.dataplane.access import CATEGORIES, GRPC_HEADER_PREFIX, Restrictions
 from flowserve.dataplane.admission import Admission
+from flowserve.frontends.grpc.access import grpc_category
+from flowserve.frontends.http.app import MODEL_ACTIONS, SECTIONS, path_category
 from flowserve.nodes.instances import InstancePool
 from flowserve.spec.repository import check_model_name, write_override_files
 
@@ -152,11 +148,25 @@ def test_restrictions_parse() -> None:
         ("/v2/repository/models/m/load", "model-repository"),
         ("/v2/systemsharedmemory/region/r/register", "shared-memory"),
         ("/v2/cudasharedmemory/status", "shared-memory"),
+        ("/v2/models/m/versions/1/generate", "inference"),
+        ("/v2/models/m/versions/1/config", "model-config"),
+        ("/v2/models/m/versions/1/trace/setting", "trace"),
+        ("/v2/nosuchsection/x", None),
         ("/v3/x", None),
     ],
 )
 def test_http_categories(path: str, category: str | None) -> None:
-    assert http_category("GET", path.split("/")) == category
+    assert path_category(path.split("/")) == category
+
+
+def test_http_route_table_names_known_categories_and_handlers() -> None:
+    from flowserve.frontends.http.app import HttpApp
+
+    for handler, section_category in SECTIONS.values():
+        assert callable(getattr(HttpApp, handler)) and section_category in ("", *CATEGORIES)
+    for method, action_category, handler in MODEL_ACTIONS.values():
+        assert method in ("GET", "POST") and action_category in CATEGORIES
+        assert callable(getattr(HttpApp, handler))
 
 
 def test_grpc_categories() -> None:

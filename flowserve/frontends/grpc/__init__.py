@@ -21,11 +21,11 @@ from collections.abc import Callable
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from flowserve.dataplane.access import Restrictions, grpc_category
+from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends import GRPC_SERVERS
 from flowserve.frontends.grpc import health, http2
-from flowserve.frontends.grpc.access import RestrictionInterceptor
+from flowserve.frontends.grpc.access import RestrictionInterceptor, grpc_category
 from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.http2 import (
     COMPRESSION_LEVELS,

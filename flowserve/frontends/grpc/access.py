@@ -1,6 +1,7 @@
-"""``--grpc-restricted-protocol``: a server interceptor refusing restricted rpcs that lack the
-header (metadata ``triton-grpc-protocol-<key>``) with UNAVAILABLE, as Triton does. Installed
-only when something is restricted, so an unrestricted server pays nothing per call."""
+"""``--grpc-restricted-protocol``: each rpc's API category (``CATEGORIES``), and a server
+interceptor refusing restricted rpcs that lack the header (metadata
+``triton-grpc-protocol-<key>``) with UNAVAILABLE, as Triton does. Installed only when something
+is restricted, so an unrestricted server pays nothing per call."""
 
 from __future__ import annotations
 
@@ -9,7 +10,40 @@ from typing import Any
 
 import grpc
 
-from flowserve.dataplane.access import Restrictions, grpc_category
+from flowserve.dataplane.access import Restrictions
+
+# the restricted-API category of every rpc of inference.GRPCInferenceService
+CATEGORIES: dict[str, str] = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+def grpc_category(method: str) -> str | None:
+    """The category of a gRPC method path (``/inference.GRPCInferenceService/ModelInfer``);
+    every rpc of ``grpc.health.v1.Health`` is ``health``; None: no such rpc."""
+    service, _, name = method.rpartition("/")
+    if service.endswith("grpc.health.v1.Health"):
+        return "health"
+    return CATEGORIES.get(name)
 
 
 class RestrictionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from flowserve.core.errors import InvalidArgument, Unsupported
+from flowserve.core.errors import InvalidArgument, NotFound, Unsupported
 from flowserve.core.types import InferRequest
 from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
@@ -226,9 +226,15 @@ class InferenceServicer:
         self._shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # No CUDA shared memory here, answered as over HTTP: registering is UNSUPPORTED; status
+    # lists no regions (a named one is NOT_FOUND) and unregistering is a no-op, so clients that
+    # clean up every kind of region (perf_analyzer's UnregisterAllSharedMemory) succeed.
+
     @rpc
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        raise Unsupported(NO_CUDA_SHM)
+        if request.name:
+            raise NotFound(f"unable to find CUDA shared memory region: '{request.name}' ({NO_CUDA_SHM})")
+        return pb.CudaSharedMemoryStatusResponse()
 
     @rpc
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
@@ -236,7 +242,7 @@ class InferenceServicer:
 
     @rpc
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        raise Unsupported(NO_CUDA_SHM)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------ trace and log settings
 

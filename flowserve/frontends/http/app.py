@@ -41,7 +41,7 @@ import binascii
 import contextlib
 import logging
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ from flowserve.core.errors import (
     ResourceExhausted,
     Unsupported,
 )
-from flowserve.dataplane.access import Restrictions, http_category
+from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.guard import SMALL
 from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
@@ -175,7 +175,7 @@ class HttpApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.restrictions and scope["type"] == "http":
-            denial = self.restrictions.denial(_category(scope), lambda name: _header(scope, name))
+            denial = self.restrictions.denial(category(scope), lambda name: _header(scope, name))
             if denial is not None:
                 await _send(send, Reply(403, [error_body(denial)]))
                 return
@@ -238,28 +238,36 @@ class HttpApp:
         if len(parts) == 2:
             _need(method, "GET", path)
             return json_reply(self.plane.server_metadata())
-        section, rest = parts[2], parts[3:]
-        if section == "models":
-            return await self._models(method, path, rest, scope, receive)
-        if section == "health" and len(rest) == 1 and rest[0] in ("live", "ready"):
+        section = SECTIONS.get(parts[2])
+        if section is None:
+            raise NotFound(f"unknown route: {method} {path}")
+        handler: _Section = getattr(self, section[0])
+        return await handler(method, path, parts[3:], scope, receive)
+
+    async def _health(self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive) -> Reply:
+        if len(rest) == 1 and rest[0] in ("live", "ready"):
             _need(method, "GET", path)
             ok = self.plane.live() if rest[0] == "live" else self.plane.ready()
             return Reply(200 if ok else 400, [])
-        if section == "repository":
-            return await self._repository(method, path, rest, scope, receive)
-        if section == "systemsharedmemory":
-            return await self._system_shm(method, path, rest, scope, receive)
-        if section == "cudasharedmemory":
-            return await self._cuda_shm(method, path, rest, scope, receive)
-        if section == "trace" and rest == ["setting"]:
-            return await self._trace(method, "", scope, receive)
-        if section == "logging" and not rest:
-            if method == "GET":
-                return json_reply(self.plane.get_log_settings())
-            _need(method, "POST", path)
-            settings = await self._json_body(scope, receive, "log settings")
-            return json_reply(self.plane.update_log_settings(_object(settings, "log settings")))
         raise NotFound(f"unknown route: {method} {path}")
+
+    async def _trace_setting(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        if rest == ["setting"]:
+            return await self._trace(method, "", scope, receive)
+        raise NotFound(f"unknown route: {method} {path}")
+
+    async def _logging(
+        self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        if rest:
+            raise NotFound(f"unknown route: {method} {path}")
+        if method == "GET":
+            return json_reply(self.plane.get_log_settings())
+        _need(method, "POST", path)
+        settings = await self._json_body(scope, receive, "log settings")
+        return json_reply(self.plane.update_log_settings(_object(settings, "log settings")))
 
     async def _models(
         self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
@@ -273,42 +281,41 @@ class HttpApp:
         version = ""
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
-        if not rest:
-            _need(method, "GET", path)
-            return json_reply(self.plane.model_metadata(name, version))
-        if len(rest) == 1:
-            action = rest[0]
-            if action == "infer":
-                _need(method, "POST", path)
-                return await self._infer(name, version, scope, receive)
-            if action == "ready":
-                _need(method, "GET", path)
-                return Reply(200 if self.plane.model_ready(name, version) else 400, [])
-            if action == "config":
-                _need(method, "GET", path)
-                return json_reply(self.plane.model_config(name, version))
-            if action == "stats":
-                _need(method, "GET", path)
-                return json_reply(self.plane.statistics(name, version))
-            if action == "generate":
-                _need(method, "POST", path)
-                doc = await self._json_body(scope, receive, "generate request")
-                request = generate_request(self.plane, name, version, doc)
-                del doc
-                responses = [r async for r in self.plane.stream(request)]
-                if len(responses) != 1:
-                    raise Unsupported(
-                        f"model '{name}' answered {len(responses)} responses: use generate_stream"
-                    )
-                return json_reply(generate_response(responses[0]))
-            if action == "generate_stream":
-                _need(method, "POST", path)
-                doc = await self._json_body(scope, receive, "generate request")
-                request = generate_request(self.plane, name, version, doc)
-                return StreamReply(generate_events(self.plane, request))
+        if len(rest) <= 1:
+            action = MODEL_ACTIONS.get(rest[0] if rest else "")
+            if action is not None:
+                _need(method, action[0], path)
+                handler: _Action = getattr(self, action[2])
+                return await handler(name, version, scope, receive)
         if rest == ["trace", "setting"] and not version:
             return await self._trace(method, name, scope, receive)
         raise NotFound(f"unknown route: {method} {path}")
+
+    async def _metadata(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        return json_reply(self.plane.model_metadata(name, version))
+
+    async def _ready(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        return Reply(200 if self.plane.model_ready(name, version) else 400, [])
+
+    async def _config(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        return json_reply(self.plane.model_config(name, version))
+
+    async def _stats(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        return json_reply(self.plane.statistics(name, version))
+
+    async def _generate(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
+        doc = await self._json_body(scope, receive, "generate request")
+        request = generate_request(self.plane, name, version, doc)
+        del doc
+        responses = [r async for r in self.plane.stream(request)]
+        if len(responses) != 1:
+            raise Unsupported(f"model '{name}' answered {len(responses)} responses: use generate_stream")
+        return json_reply(generate_response(responses[0]))
+
+    async def _generate_stream(self, name: str, version: str, scope: Scope, receive: Receive) -> StreamReply:
+        doc = await self._json_body(scope, receive, "generate request")
+        request = generate_request(self.plane, name, version, doc)
+        return StreamReply(generate_events(self.plane, request))
 
     # ------------------------------------------------------------------ inference
 
@@ -558,12 +565,63 @@ class HttpApp:
         return await self._parse_large(body, what, scope)
 
 
-def _category(scope: Scope) -> str | None:
+# ------------------------------------------------------------------ the route table
+
+_Section = Callable[[str, str, list[str], Scope, Receive], Awaitable[Reply | StreamReply]]
+_Action = Callable[[str, str, Scope, Receive], Awaitable[Reply | StreamReply]]
+
+# /v2/<section>/...: the HttpApp method that routes the rest, and the restricted-API category
+# of the section ("" for models: decided by the model route, MODEL_ACTIONS); /v2 itself is
+# metadata, and /v2/models/{m}[/versions/{v}]/trace/setting and any .../stats are trace and
+# statistics. The router and ``category`` both read these tables.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "models": ("_models", ""),
+    "health": ("_health", "health"),
+    "repository": ("_repository", "model-repository"),
+    "systemsharedmemory": ("_system_shm", "shared-memory"),
+    "cudasharedmemory": ("_cuda_shm", "shared-memory"),
+    "trace": ("_trace_setting", "trace"),
+    "logging": ("_logging", "logging"),
+}
+# /v2/models/{m}[/versions/{v}][/<action>]: (HTTP method, category, HttpApp method)
+MODEL_ACTIONS: dict[str, tuple[str, str, str]] = {
+    "": ("GET", "metadata", "_metadata"),
+    "infer": ("POST", "inference", "_infer"),
+    "ready": ("GET", "health", "_ready"),
+    "config": ("GET", "model-config", "_config"),
+    "stats": ("GET", "statistics", "_stats"),
+    "generate": ("POST", "inference", "_generate"),
+    "generate_stream": ("POST", "inference", "_generate_stream"),
+}
+
+
+def path_category(parts: list[str]) -> str | None:
+    """The restricted-API category of a path split on '/' (``['', 'v2', ...]``), from the
+    route table; None: no /v2 section (the router answers 404)."""
+    if len(parts) < 2 or parts[0] or parts[1] != "v2":
+        return None
+    if len(parts) == 2:
+        return "metadata"
+    section = SECTIONS.get(parts[2])
+    if section is None:
+        return None
+    if section[1]:
+        return section[1]
+    rest = parts[3:]
+    if rest and rest[-1] == "stats":
+        return "statistics"
+    if rest[-2:] == ["trace", "setting"]:
+        return "trace"
+    action = MODEL_ACTIONS.get(rest[-1] if len(rest) in (2, 4) else "")
+    return action[1] if action is not None else "metadata"
+
+
+def category(scope: Scope) -> str | None:
     """The restricted-API category of a request; the mounted UI's trace endpoints are
     ``trace`` and the rest of it ``statistics`` (it shows models, graphs and their stats)."""
     path: str = scope["path"]
     if path.startswith("/v2"):
-        return http_category(scope["method"], path.rstrip("/").split("/"))
+        return path_category(path.rstrip("/").split("/"))
     return "trace" if "/api/trace" in path else "statistics"
 
 
