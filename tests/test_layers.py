@@ -247,8 +247,8 @@ def test_only_backends_import_a_framework_and_only_lazily() -> None:
     ("module", "target", "broken"),
     [
         ("flowserve.core.errors", "flowserve.dataplane.engine", True),
-        ("flowserve.graph.render", "flowserve.observability.ui", True),
-        ("flowserve.observability.ui", "flowserve.graph.render", False),
+        ("flowserve.graph.view", "flowserve.observability.ui", True),
+        ("flowserve.observability.ui", "flowserve.graph.view", False),
         ("flowserve.frontends.http.app", "flowserve.frontends.grpc.codec", True),
         ("flowserve.frontends.grpc.service", "flowserve.observability.metrics", True),
         ("flowserve.observability.metrics", "flowserve.frontends.http.app", True),

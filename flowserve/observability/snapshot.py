@@ -9,6 +9,7 @@ from flowserve.graph.plan import PlanNode
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import Duration, ModelStats, NodeStats
+from flowserve.spec.kinds import kind_of
 
 
 def node_exec(servable: Servable, node: PlanNode, stats: NodeStats) -> ModelStats | NodeStats:
@@ -62,7 +63,7 @@ def node_summary(
 ) -> dict[str, Any]:
     ex = node_exec(servable, node, stats)
     target = None
-    if node.spec.kind in ("model", "graph"):
+    if kind_of(node.spec).step:
         try:
             target = model_summary(registry.get(node.spec.target, node.spec.version))
         except FlowserveError:

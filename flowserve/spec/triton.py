@@ -488,9 +488,10 @@ def config_from_graph(
     without the batch dimension when the graph batches.
     """
     from flowserve.core.datatypes import to_config
+    from flowserve.spec.kinds import kind_of
 
     batched = graph.max_batch_size > 0
-    steps = [n for n in graph.nodes.values() if n.kind in ("model", "graph")]
+    steps = [n for n in graph.nodes.values() if kind_of(n).step]
     platform = "ensemble" if steps else graph.platform
     config = ModelConfig(name=graph.name, platform=platform, max_batch_size=graph.max_batch_size)
     for t in graph.inputs.values():
