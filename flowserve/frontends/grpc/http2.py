@@ -1166,19 +1166,24 @@ class Connection(asyncio.Protocol):
             return
         await self._run_unary(stream, call, request)
 
-    async def _run_unary(self, stream: _Stream, call: Unary, request: Any) -> None:
+    def _timeout_s(self, stream: _Stream) -> float | None:
+        """The call's ``grpc-timeout`` in seconds (None: none); a malformed one ends the call
+        with INTERNAL and gives -1."""
         header = stream.context.header("grpc-timeout")
-        deadline = None
-        if header is not None:
-            seconds = grpc_timeout_s(header)
-            if seconds is None:
-                self._finish(
-                    stream,
-                    grpc.StatusCode.INTERNAL,
-                    f"malformed grpc-timeout '{_shown(header.encode('latin-1'))}'",
-                )
-                return
-            deadline = asyncio.timeout(seconds)
+        if header is None:
+            return None
+        seconds = grpc_timeout_s(header)
+        if seconds is None:
+            message = f"malformed grpc-timeout '{_shown(header.encode('latin-1'))}'"
+            self._finish(stream, grpc.StatusCode.INTERNAL, message)
+            return -1.0
+        return seconds
+
+    async def _run_unary(self, stream: _Stream, call: Unary, request: Any) -> None:
+        seconds = self._timeout_s(stream)
+        if seconds is not None and seconds < 0:
+            return
+        deadline = asyncio.timeout(seconds) if seconds is not None else None
         try:
             if deadline is None:  # most calls: no timeout to enter on the hot path
                 response = await call(request, stream.context)
@@ -1194,17 +1199,9 @@ class Connection(asyncio.Protocol):
 
     async def _run_streaming(self, stream: _Stream, call: Streaming) -> None:
         context = stream.context
-        header = context.header("grpc-timeout")
-        seconds = None
-        if header is not None:
-            seconds = grpc_timeout_s(header)
-            if seconds is None:
-                self._finish(
-                    stream,
-                    grpc.StatusCode.INTERNAL,
-                    f"malformed grpc-timeout '{_shown(header.encode('latin-1'))}'",
-                )
-                return
+        seconds = self._timeout_s(stream)
+        if seconds is not None and seconds < 0:
+            return
         deadline = asyncio.timeout(seconds)
         try:
             async with deadline:
