@@ -32,6 +32,8 @@ def refused(port: int) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:  # accepted into the backlog as the listener closed: ask again
+        return False
 
 
 def wait_refused(*ports: int, within: float = 3.0) -> bool:
