@@ -329,10 +329,7 @@ class HttpApp:
         plane = self.plane
         length = headers.header_length
         if length is None:
-            if len(body) <= JSON_IN_THREAD:
-                doc = parse_json(body, "inference request JSON")
-            else:
-                doc = await self._parse_large(body, "inference request JSON", scope)
+            doc = await self._parse_json(body, "inference request JSON", scope)
             del body  # the tensors decoded from a JSON body are copies
             request, plan = decode_request(plane, model, version, doc)
             del doc
@@ -344,10 +341,7 @@ class HttpApp:
                     f"Inference-Header-Content-Length is {length} but the request body has only "
                     f"{len(body)} bytes"
                 )
-            if length <= JSON_IN_THREAD:
-                header = parse_json(body[:length], "inference request JSON header")
-            else:
-                header = await self._parse_large(body[:length], "inference request JSON header", scope)
+            header = await self._parse_json(body[:length], "inference request JSON header", scope)
             request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
         if "http" in plane.header_forward:
             forward_headers(request.parameters, scope["headers"], plane.header_forward["http"])
@@ -530,10 +524,13 @@ class HttpApp:
             self._hold(scope, len(out))
         return out
 
-    async def _parse_large(self, data: bytes, what: str, scope: Scope) -> Any:
-        """A JSON document over JSON_IN_THREAD bytes: refused over ``max_json_bytes``, its
-        Python objects counted against the budget, parsed in a worker thread in chunks."""
+    async def _parse_json(self, data: bytes, what: str, scope: Scope) -> Any:
+        """A JSON document: parsed here when small; over JSON_IN_THREAD bytes refused over
+        ``max_json_bytes``, its Python objects counted against the budget, and parsed in a
+        worker thread in chunks."""
         size = len(data)
+        if size <= JSON_IN_THREAD:
+            return parse_json(data, what)
         if size > self.max_json_bytes:
             raise ResourceExhausted(self._json_refusal(size, what))
         self._hold(scope, size * JSON_EXPANSION)
@@ -560,9 +557,7 @@ class HttpApp:
             body = await self._inflate(body, headers.content_encoding, scope)
         if not body.strip():
             return {}
-        if len(body) <= JSON_IN_THREAD:
-            return parse_json(body, what)
-        return await self._parse_large(body, what, scope)
+        return await self._parse_json(body, what, scope)
 
 
 # ------------------------------------------------------------------ the route table
