@@ -71,9 +71,7 @@ class Servable:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise
         finally:
-            stats.pending -= 1
-            if self._idle is not None and not stats.pending:
-                self._idle.set()
+            self._left()
         if cache is not None:
             before = clock.now_ns()
             cache.put(key, outputs)
@@ -96,9 +94,7 @@ class Servable:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise
         finally:
-            stats.pending -= 1
-            if self._idle is not None and not stats.pending:
-                self._idle.set()
+            self._left()
         self._succeeded(rows, start)
 
     def _validate(self, inputs: TensorMap, start: int) -> int:
@@ -117,6 +113,13 @@ class Servable:
             self.stats.record_execution(rows, 0, elapsed, 0)
             self.stats.queue.add(0)
         self.stats.record_request(True, elapsed)
+
+    def _left(self) -> None:
+        """A request is no longer in flight (``drained`` may be waiting for the last one)."""
+        stats = self.stats
+        stats.pending -= 1
+        if self._idle is not None and not stats.pending:
+            self._idle.set()
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight (signalled where the count drops, no polling),
