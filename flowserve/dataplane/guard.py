@@ -9,7 +9,8 @@ shares one budget and the metrics endpoint can show them:
   past ``limit`` is closed at once; the refusal is counted and logged (at most once a second
   per listener, so a flood cannot flood the log too). ``limit`` 0 means no cap.
 - :class:`ByteBudget`: request bytes held in memory before (and while) a request is served,
-  across every connection of every listener. A request whose declared size does not fit is
+  across every connection of every listener, and the responses of streaming requests that
+  wait for slow clients (``streams.py``). A request whose declared size does not fit is
   refused before its bytes are read (HTTP 503, gRPC RESOURCE_EXHAUSTED) instead of the server
   growing until the kernel kills it. Requests under ``SMALL`` bytes are not counted: they are
   bounded by the per-connection stream and pipelining bounds, and counting them would put a
@@ -99,8 +100,8 @@ class ByteBudget:
     def refusal(self, size: int) -> str:
         """The message for a refused request of ``size`` bytes."""
         return (
-            f"server memory budget for request bodies exhausted: {size} bytes do not fit beside the "
-            f"{self.in_use} bytes of requests in progress (--max-buffered-request-bytes {self.limit}); "
+            f"server memory budget exhausted: {size} bytes do not fit beside the {self.in_use} bytes "
+            f"held for requests in progress (--max-buffered-request-bytes {self.limit}); "
             "retry later"
         )
 

@@ -161,7 +161,7 @@ class DataPlane:
             source = self.engine.stream_request(request, trace=trace.spans if trace is not None else None)
             # a decoupled graph never waits for a slow client (streams.py)
             decoupled = self.engine.registry.get(model, request.version).decoupled
-            responses = decouple(source, model) if decoupled else source
+            responses = decouple(source, model, self.guards.budget) if decoupled else source
             async with contextlib.aclosing(responses):  # a client gone cancels the graph's work now
                 async for response in responses:
                     yield response

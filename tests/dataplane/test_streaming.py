@@ -18,6 +18,7 @@ import flowserve
 from flowserve.core.errors import FlowserveError, ResourceExhausted, Unsupported
 from flowserve.core.types import InferRequest
 from flowserve.dataplane import streams
+from flowserve.dataplane.guard import SMALL, ByteBudget, Guards
 from flowserve.dataplane.plane import DataPlane
 
 _ids = itertools.count()
@@ -256,3 +257,27 @@ async def test_a_triton_decoupled_model_sees_its_client_go_away(tmp_path: Path) 
         assert plane.admission.in_flight == 0
     finally:
         await eng.stop()
+
+
+async def test_unread_responses_of_all_clients_share_the_servers_byte_budget(
+    engine: flowserve.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stream's own bound times many streams could still be a lot of memory: unread
+    responses take their bytes from the server's budget, and a stream that does not fit ends
+    like one over its own bound; what it held comes back."""
+    monkeypatch.setattr(streams, "MAX_UNREAD_RESPONSES", 1 << 20)
+    budget = ByteBudget(limit=SMALL)
+    plane = DataPlane(engine, guards=Guards(budget=budget))
+    slow = plane.stream(request("repeat", 1, 20_000))  # ~8 bytes a response: past 64 KiB unread
+    await slow.__anext__()
+    for _ in range(1000):  # the graph runs on while this client reads nothing (10 s at most)
+        if budget.refused:
+            break
+        await asyncio.sleep(0.01)
+    with pytest.raises(
+        ResourceExhausted, match=r"model 'repeat': the client read responses too slowly.*memory budget"
+    ):
+        async for _ in slow:
+            pass
+    assert budget.in_use == 0 and budget.refused == 1
+    assert plane.admission.in_flight == 0
