@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import flowserve
+from flowserve.core.clock import MONOTONIC, Clock, FakeClock
 from flowserve.core.errors import ErrorCode, FlowserveError
 from flowserve.nodes.sequence import SequenceBatcher
 
@@ -19,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.asynccontextmanager
-async def _serving(tmp_path: Path, model: str) -> AsyncIterator[flowserve.Engine]:
+async def _serving(tmp_path: Path, model: str, clock: Clock = MONOTONIC) -> AsyncIterator[flowserve.Engine]:
     """An engine serving one test model, from a copy of its directory."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "tests" / "models" / model, repo / model)
-    eng = await flowserve.Engine.start(repo)
+    eng = await flowserve.Engine.start(repo, clock=clock)
     try:
         yield eng
     finally:
@@ -94,16 +95,20 @@ async def test_missing_id_and_missing_start_are_clear_errors(engine: flowserve.E
     assert info.value.code is ErrorCode.INVALID_ARG
 
 
-async def test_idle_sequence_is_released_with_a_clear_error(engine: flowserve.Engine) -> None:
-    assert await step(engine, 5, 1, start=True) == [1, 5]
-    batcher = engine.registry.get("sequence_accumulate").executor.nodes[0]
-    assert isinstance(batcher, SequenceBatcher)
-    for _ in range(100):  # idle limit is 200 ms; the reaper checks every 100 ms
-        if 5 not in batcher._active:
-            break
-        await asyncio.sleep(0.05)
-    with pytest.raises(FlowserveError, match="was released after being idle"):
-        await step(engine, 5, 2)
+async def test_idle_sequence_is_released_with_a_clear_error(tmp_path: Path) -> None:
+    clock = FakeClock(1_000_000)
+    async with _serving(tmp_path, "sequence_accumulate", clock) as engine:
+        assert await step(engine, 5, 1, start=True) == [1, 5]
+        batcher = engine.registry.get("sequence_accumulate").executor.nodes[0]
+        assert isinstance(batcher, SequenceBatcher)
+        clock.advance(200_000 * 1000 + 1)  # past the model's idle limit (200 ms)
+        # the reaper's own period is loop time (every 100 ms here): one pass at most, not the limit
+        for _ in range(1000):
+            if 5 not in batcher._active:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(FlowserveError, match="was released after being idle"):
+            await step(engine, 5, 2)
 
 
 async def test_a_sequence_stays_on_one_instance(engine: flowserve.Engine) -> None:
