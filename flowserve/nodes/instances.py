@@ -25,13 +25,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from flowserve.nodes.ratelimit import Ticket
 
-T = TypeVar("T")
-R = TypeVar("R")
+T = TypeVar("T")  # an instance
+A = TypeVar("A")  # the argument a call hands to an instance
+R = TypeVar("R")  # what the call returns
 
 log = logging.getLogger("flowserve")
 
@@ -197,9 +198,7 @@ class InstancePool(Generic[T]):
     def instances(self) -> list[T]:
         return [i for i, _ in self._all]
 
-    async def run(
-        self, fn: Callable[[T, R], object], arg: R, on_acquired: Callable[[], None] | None = None
-    ) -> object:
+    async def run(self, fn: Callable[[T, A], R], arg: A, on_acquired: Callable[[], None] | None = None) -> R:
         """Run ``fn(instance, arg)`` with a free instance: on the loop when the inline policy
         allows, else on the instance's thread.
 
@@ -229,8 +228,8 @@ class InstancePool(Generic[T]):
             self._give_back(pair, sem)
 
     async def _wait(
-        self, pair: tuple[T, Worker], job: concurrent.futures.Future[object], sem: asyncio.Semaphore
-    ) -> object:
+        self, pair: tuple[T, Worker], job: concurrent.futures.Future[R], sem: asyncio.Semaphore
+    ) -> R:
         """Await a call on ``pair``'s thread. If the caller gives up (request timeout, client
         gone, sibling failed), a call that has not started is dropped; one that is running
         cannot be stopped, so its instance stays out of the pool until the call returns."""
@@ -257,7 +256,7 @@ class InstancePool(Generic[T]):
         return len(self._abandoned)
 
     def _abandon(
-        self, pair: tuple[T, Worker], job: concurrent.futures.Future[object], sem: asyncio.Semaphore
+        self, pair: tuple[T, Worker], job: concurrent.futures.Future[Any], sem: asyncio.Semaphore
     ) -> None:
         worker = pair[1]
         self._abandoned.add(worker)
@@ -287,7 +286,7 @@ class InstancePool(Generic[T]):
             self._free.append(pair)
             sem.release()
 
-    async def run_async(self, fn: Callable[[T, R], Awaitable[object]], arg: R) -> object:
+    async def run_async(self, fn: Callable[[T, A], Awaitable[R]], arg: A) -> R:
         """Await ``fn(instance, arg)`` on the event loop with a free instance (async user code)."""
         sem = self._sem
         if sem is None:
@@ -299,7 +298,7 @@ class InstancePool(Generic[T]):
             finally:
                 self._free.append(pair)
 
-    async def run_on(self, index: int, fn: Callable[[T, R], object], arg: R) -> object:
+    async def run_on(self, index: int, fn: Callable[[T, A], R], arg: A) -> R:
         """Run ``fn(instance, arg)`` on instance ``index``'s thread (a sequence stays on one
         instance). The caller keeps calls to one instance one at a time."""
         instance, worker = self._all[index]
@@ -320,10 +319,10 @@ class InstancePool(Generic[T]):
     async def _run_limited(
         self,
         sem: asyncio.Semaphore,
-        fn: Callable[[T, R], object],
-        arg: R,
+        fn: Callable[[T, A], R],
+        arg: A,
         on_acquired: Callable[[], None] | None,
-    ) -> object:
+    ) -> R:
         """``run`` under the rate limiter, always on the instance's thread: the instance's
         resources are taken before the call and given back when the call ends on the thread
         (even when its caller gave up meanwhile), so instances that share a resource never
@@ -398,8 +397,8 @@ class InstancePool(Generic[T]):
 
 
 def _submit_admitted(
-    worker: Worker, ticket: Ticket, fn: Callable[..., object], *args: object
-) -> concurrent.futures.Future[object]:
+    worker: Worker, ticket: Ticket, fn: Callable[..., R], *args: object
+) -> concurrent.futures.Future[R]:
     """Submit a call whose resources ``ticket`` holds; they go back when the call is done on
     its thread (ran, failed, or was cancelled before it started)."""
     try:
@@ -417,7 +416,7 @@ def _submit_admitted(
     return job
 
 
-def _timed(policy: InlinePolicy, fn: Callable[[T, R], object], instance: T, arg: R) -> object:
+def _timed(policy: InlinePolicy, fn: Callable[[T, A], R], instance: T, arg: A) -> R:
     start = time.perf_counter_ns()
     try:
         return fn(instance, arg)

@@ -25,7 +25,6 @@ response (reach it through a streaming API).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import threading
@@ -148,11 +147,11 @@ class PythonNode(Node):
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         if self._async:
             if self._with_ctx:
-                return await self.pool.run_async(lambda o, a: o.execute(a, ctx), inputs)  # type: ignore[return-value]
-            return await self.pool.run_async(lambda o, a: o.execute(a), inputs)  # type: ignore[return-value]
+                return await self.pool.run_async(lambda o, a: o.execute(a, ctx), inputs)
+            return await self.pool.run_async(lambda o, a: o.execute(a), inputs)
         if self._with_ctx:
-            return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)  # type: ignore[return-value]
-        return await self.pool.run(_execute, inputs)  # type: ignore[return-value]
+            return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)
+        return await self.pool.run(_execute, inputs)
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
         if not self.decoupled:
@@ -203,10 +202,14 @@ async def _drain_on_thread(worker: Worker, make: Callable[[], Iterator[Any]]) ->
             yield item
     finally:
         stop.set()
-        while not running.done():  # unblock a producer waiting on a full queue
-            with contextlib.suppress(asyncio.QueueEmpty):
-                queue.get_nowait()
-            await asyncio.sleep(0.001)
+        # unblock a producer waiting on a full queue: take (and drop) what it still hands over
+        # until its thread returns, woken by whichever comes first
+        while not running.done():
+            taken = asyncio.ensure_future(queue.get())
+            try:
+                await asyncio.wait((running, taken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                taken.cancel()
         await running
 
 

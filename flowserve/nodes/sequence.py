@@ -272,9 +272,9 @@ class SequenceBatcher(Node):
         # are then left out)
         shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(r.items())) for r in rows}
         if self.max_batch_size > 0 and (len(shapes) == 1 or not self.inner.merges_rows):
-            return await self.inner.pool.run_on(instance, self.inner.execute_batch, rows)  # type: ignore[return-value]
+            return await self.inner.pool.run_on(instance, self.inner.execute_batch, rows)
         return [
-            (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0] if is_real else {}  # type: ignore[index]
+            (await self.inner.pool.run_on(instance, self.inner.execute_batch, [r]))[0] if is_real else {}
             for r, is_real in zip(rows, real, strict=True)
         ]
 

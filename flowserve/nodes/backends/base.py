@@ -115,7 +115,7 @@ class BackendNode(Node):
         on the instance's thread, with the inputs' and outputs' reshapes applied per request."""
         if self._in_reshape:
             batch = [self._reshape(b, self._in_reshape) for b in batch]
-        results: list[TensorMap] = await self.pool.run(self.execute_batch, batch, on_acquired)  # type: ignore[assignment]
+        results: list[TensorMap] = await self.pool.run(self.execute_batch, batch, on_acquired)
         if self._out_reshape:
             results = [self._reshape(r, self._out_reshape) for r in results]
         return results
@@ -162,7 +162,7 @@ class BackendNode(Node):
 
         if self._in_reshape:
             inputs = self._reshape(inputs, self._in_reshape)
-        outputs: TensorMap = await self.pool.run(self.execute, inputs, acquired)  # type: ignore[assignment]
+        outputs: TensorMap = await self.pool.run(self.execute, inputs, acquired)
         if self._out_reshape:
             outputs = self._reshape(outputs, self._out_reshape)
         done = clock.now_ns()
