@@ -15,7 +15,7 @@ is the node's own business: the executor only awaits ``__call__``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ class Node:
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         raise NotImplementedError
 
-    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """The node's responses, in order (default: the one answer of ``__call__``)."""
         yield await self(inputs, ctx)
 

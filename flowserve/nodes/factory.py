@@ -11,6 +11,7 @@ from its kind's builder (:mod:`flowserve.nodes.kinds`; a new kind is added there
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -95,7 +96,7 @@ def _topo(deps: nx.DiGraph) -> list[str]:
     return list(nx.lexicographical_topological_sort(acyclic))
 
 
-def _resolver(models: dict[str, ModelSpec], catalog: dict[str, Plan]):  # type: ignore[no-untyped-def]
+def _resolver(models: dict[str, ModelSpec], catalog: dict[str, Plan]) -> Callable[[NodeSpec], Signature]:
     known = Known(models, catalog)
 
     def resolve(node: NodeSpec) -> Signature:

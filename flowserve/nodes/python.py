@@ -28,7 +28,7 @@ import asyncio
 import importlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 from flowserve.core.datatypes import DATATYPES
@@ -153,7 +153,7 @@ class PythonNode(Node):
             return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)
         return await self.pool.run(_execute, inputs)
 
-    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         if not self.decoupled:
             yield await self(inputs, ctx)
             return

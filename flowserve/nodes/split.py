@@ -34,7 +34,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -382,7 +382,7 @@ class SplitNode(Node):
         finally:
             self.arm_stats[index].record(self.clock.now_ns() - start, error)
 
-    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         index, inputs = self._route(inputs, ctx)
         target = self.arms[index].target
         start = self.clock.now_ns()

@@ -5,7 +5,7 @@ statistics apply, as with Triton's ensemble steps."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan, Signature
@@ -33,7 +33,7 @@ class StepNode(Node):
         servable = self.registry.get(self.target, self.version)
         return await servable.infer(inputs, ctx)
 
-    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         servable = self.registry.get(self.target, self.version)
         async for outputs in servable.stream(inputs, ctx):
             yield outputs

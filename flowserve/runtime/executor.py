@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -311,8 +311,8 @@ class Executor:
             raise _abandoned(ctx, "running") from None
 
     async def _stream_by_deadline(
-        self, responses: AsyncIterator[TensorMap], ctx: Context
-    ) -> AsyncIterator[TensorMap]:
+        self, responses: AsyncGenerator[TensorMap, None], ctx: Context
+    ) -> AsyncGenerator[TensorMap, None]:
         """A decoupled node's responses, but none later than the request's deadline: past it
         the node's next response is waited for no more (UNAVAILABLE) and its stream is closed.
         The wait is per response, not around the ``yield``: while the responses before it
@@ -335,7 +335,7 @@ class Executor:
                 yield produced
         finally:
             with contextlib.suppress(Exception):
-                await responses.aclose()  # type: ignore[attr-defined]
+                await responses.aclose()
 
     def _check_outputs(self, index: int, outputs: TensorMap) -> None:
         """What a node returned matches what it declares; else INTERNAL (the server's fault,

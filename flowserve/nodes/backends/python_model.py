@@ -22,7 +22,7 @@ import importlib.util
 import inspect
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +97,7 @@ class PythonModelBackend(BackendNode):
         self.decoupled = self.model.decoupled
         await super().start()
 
-    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """A decoupled model's responses for one request, in the order model.py sends them,
         until it sends the final flag (which may come after ``execute`` returned)."""
         if not self.decoupled:
