@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.node import Context, TensorMap
@@ -14,6 +13,7 @@ from flowserve.runtime.cache import ResponseCache, cache_key
 from flowserve.runtime.executor import Executor
 from flowserve.runtime.stats import ModelStats
 from flowserve.runtime.validate import InputValidator
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import GraphSpec, ModelSpec
 
 
@@ -28,7 +28,7 @@ class Servable:
     plan: Plan
     executor: Executor
     spec: ModelSpec | GraphSpec
-    config: Any
+    config: ModelConfig
     clock: Clock = MONOTONIC
     stats: ModelStats = field(default_factory=ModelStats)
     decoupled: bool = False

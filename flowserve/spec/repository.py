@@ -10,6 +10,7 @@ from typing import Any
 
 from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, SpecIssue
 from flowserve.spec.graph_yaml import load_graph_file
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import GraphSpec, ModelSpec
 from flowserve.spec.triton import CONFIG_FILES, model_spec, read_config
 
@@ -151,7 +152,7 @@ def override_scan(
     return scan
 
 
-def check_override_paths(name: str, model_dir: Path, config: Any) -> None:
+def check_override_paths(name: str, model_dir: Path, config: ModelConfig) -> None:
     """A config from the network names no file outside the model directory: not its model file
     (``default_model_filename``) and not a parameter that names a file or library a backend
     opens (``*_PATH``, for example OpenVINO's ``CPU_EXTENSION_PATH``, which it loads as code)."""

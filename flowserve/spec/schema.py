@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flowserve.spec.model_config import ModelConfig, new_config
+
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
@@ -260,7 +262,7 @@ class ModelSpec:
     parameters: dict[str, str] = field(default_factory=dict)
     decoupled: bool = False
     graph: GraphSpec | None = None
-    config: Any = None
+    config: ModelConfig = field(default_factory=new_config)
     warmup: tuple[WarmupSpec, ...] = ()
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from flowserve.core.datatypes import from_config, to_numpy
 from flowserve.core.errors import InvalidArgument
+from flowserve.spec.model_config import ModelConfig
 
 ControlKind = Literal["START", "END", "READY", "CORRID"]
 
@@ -54,7 +56,7 @@ _KINDS: dict[int, ControlKind] = {
 }
 
 
-def sequence_from_config(config: Any, model_dir: Path | None = None) -> SequenceSpec | None:
+def sequence_from_config(config: ModelConfig, model_dir: Path | None = None) -> SequenceSpec | None:
     """The model's sequence settings, or None when it has no ``sequence_batching`` block."""
     if not config.HasField("sequence_batching"):
         return None
@@ -66,11 +68,11 @@ def sequence_from_config(config: Any, model_dir: Path | None = None) -> Sequence
             if kind == "CORRID":
                 controls.append(Control(kind, ci.name, from_config(mc.DataType.Name(c.data_type))))
             elif len(c.fp32_false_true) == 2:
-                controls.append(Control(kind, ci.name, "FP32", tuple(c.fp32_false_true)))
+                controls.append(Control(kind, ci.name, "FP32", _pair(c.fp32_false_true)))
             elif len(c.bool_false_true) == 2:
-                controls.append(Control(kind, ci.name, "BOOL", tuple(c.bool_false_true)))
+                controls.append(Control(kind, ci.name, "BOOL", _pair(c.bool_false_true)))
             elif len(c.int32_false_true) == 2:
-                controls.append(Control(kind, ci.name, "INT32", tuple(c.int32_false_true)))
+                controls.append(Control(kind, ci.name, "INT32", _pair(c.int32_false_true)))
             else:
                 raise InvalidArgument(
                     f"control input '{ci.name}' needs int32_false_true, fp32_false_true or bool_false_true"
@@ -98,3 +100,11 @@ def sequence_from_config(config: Any, model_dir: Path | None = None) -> Sequence
         controls=tuple(controls),
         states=tuple(states),
     )
+
+
+V = TypeVar("V")
+
+
+def _pair(values: Sequence[V]) -> tuple[V, V]:
+    """A control's (false, true) values (the caller has checked there are two)."""
+    return values[0], values[1]

@@ -20,6 +20,13 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from flowserve.core.errors import FlowserveError, InvalidArgument, SpecIssue
+from flowserve.spec.model_config import (
+    ModelConfig,
+    ModelInput,
+    ModelOutput,
+    ModelQueuePolicy,
+    new_config,
+)
 from flowserve.spec.schema import (
     BatchingSpec,
     GraphOutput,
@@ -34,8 +41,6 @@ from flowserve.spec.schema import (
     WarmupSpec,
 )
 from flowserve.spec.warmup import warmup_from_config
-
-ModelConfig = mc.ModelConfig
 
 # platform -> backend, as Triton resolves them.
 PLATFORM_BACKENDS = {
@@ -89,22 +94,22 @@ class Completion:
 # -> Completion or None (nothing to add). Backends register theirs (flowserve.nodes.backends
 # does, so framework imports stay there); the spec layer only calls them, before the config is
 # translated, so graph validation sees the model's real signature.
-AutoComplete = Callable[[Any, Path, list[Path]], "Completion | None"]
+AutoComplete = Callable[[ModelConfig, Path, list[Path]], "Completion | None"]
 AUTOCOMPLETE: dict[str, AutoComplete] = {}
 
 
-def read_config(model_dir: Path) -> tuple[Any, str | None]:
+def read_config(model_dir: Path) -> tuple[ModelConfig, str | None]:
     """The model's ModelConfig and the file it came from (None: no file, an empty config)."""
     for name in CONFIG_FILES:
         path = model_dir / name
         if path.is_file():
             return parse_config_text(path.read_text(), name), str(path)
-    return ModelConfig(), None
+    return new_config(), None
 
 
-def parse_config_text(text: str, filename: str = "config.pbtxt") -> Any:
+def parse_config_text(text: str, filename: str = "config.pbtxt") -> ModelConfig:
     """Parse config text: protobuf text format, or YAML/JSON with ModelConfig's field names."""
-    config = ModelConfig()
+    config = new_config()
     try:
         if filename.endswith(".pbtxt"):
             text_format.Parse(text, config)
@@ -116,9 +121,9 @@ def parse_config_text(text: str, filename: str = "config.pbtxt") -> Any:
     return config
 
 
-def parse_config_json(text: str) -> Any:
+def parse_config_json(text: str) -> ModelConfig:
     """A ModelConfig from JSON (the repository load API's ``config`` parameter)."""
-    config = ModelConfig()
+    config = new_config()
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
@@ -126,7 +131,7 @@ def parse_config_json(text: str) -> Any:
     return config
 
 
-def resolve_backend(config: Any, version_dirs: list[Path]) -> str:
+def resolve_backend(config: ModelConfig, version_dirs: list[Path]) -> str:
     """Backend name from ``backend``, else ``platform``, else the files of a version directory."""
     if config.backend:
         return str(config.backend)
@@ -139,7 +144,7 @@ def resolve_backend(config: Any, version_dirs: list[Path]) -> str:
     return ""
 
 
-def select_versions(model_dir: Path, config: Any) -> tuple[dict[int, str], list[int]]:
+def select_versions(model_dir: Path, config: ModelConfig) -> tuple[dict[int, str], list[int]]:
     """Version directories that the version policy serves, and all numeric versions found.
 
     Like Triton, names that are not numeric or start with "0" are ignored.
@@ -161,22 +166,35 @@ def select_versions(model_dir: Path, config: Any) -> tuple[dict[int, str], list[
     return {v: str(model_dir / str(v)) for v in chosen}, found
 
 
-def tensor_from_config(t: Any, is_input: bool) -> TensorSpec:
+def input_from_config(t: ModelInput) -> TensorSpec:
+    return _tensor(t, optional=bool(t.optional), allow_ragged_batch=bool(t.allow_ragged_batch))
+
+
+def output_from_config(t: ModelOutput) -> TensorSpec:
+    return _tensor(t, label_filename=t.label_filename)
+
+
+def _tensor(
+    t: ModelInput | ModelOutput,
+    optional: bool = False,
+    allow_ragged_batch: bool = False,
+    label_filename: str = "",
+) -> TensorSpec:
     from flowserve.core.datatypes import from_config
 
     return TensorSpec(
         name=t.name,
         datatype=from_config(mc.DataType.Name(t.data_type)),
         dims=tuple(t.dims),
-        optional=bool(t.optional) if is_input else False,
+        optional=optional,
         reshape=tuple(t.reshape.shape) if t.HasField("reshape") else None,
-        allow_ragged_batch=bool(t.allow_ragged_batch) if is_input else False,
+        allow_ragged_batch=allow_ragged_batch,
         is_shape_tensor=bool(t.is_shape_tensor),
-        label_filename="" if is_input else t.label_filename,
+        label_filename=label_filename,
     )
 
 
-def _queue_policy(p: Any) -> QueuePolicy:
+def _queue_policy(p: ModelQueuePolicy) -> QueuePolicy:
     return QueuePolicy(
         timeout_action="DELAY" if p.timeout_action == mc.ModelQueuePolicy.DELAY else "REJECT",
         default_timeout_us=int(p.default_timeout_microseconds),
@@ -185,7 +203,7 @@ def _queue_policy(p: Any) -> QueuePolicy:
     )
 
 
-def batching_from_config(config: Any) -> BatchingSpec | None:
+def batching_from_config(config: ModelConfig) -> BatchingSpec | None:
     if not config.HasField("dynamic_batching") or config.max_batch_size <= 0:
         return None
     db = config.dynamic_batching
@@ -201,7 +219,9 @@ def batching_from_config(config: Any) -> BatchingSpec | None:
     )
 
 
-def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue]) -> ModelSpec | None:
+def model_spec(
+    model_dir: Path, config: ModelConfig, source: str, issues: list[SpecIssue]
+) -> ModelSpec | None:
     """Translate one repository model; problems are appended to ``issues``."""
     name = model_dir.name
     if config.name and config.name != name:
@@ -245,8 +265,8 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
     if not auto_complete(config, backend, model_dir, versions, source, issues):
         return None
     try:
-        inputs = tuple(tensor_from_config(t, True) for t in config.input)
-        outputs = tuple(tensor_from_config(t, False) for t in config.output)
+        inputs = tuple(input_from_config(t) for t in config.input)
+        outputs = tuple(output_from_config(t) for t in config.output)
     except InvalidArgument as exc:
         issues.append(SpecIssue(source, exc.message, field="input/output data_type"))
         return None
@@ -293,7 +313,7 @@ def model_spec(model_dir: Path, config: Any, source: str, issues: list[SpecIssue
 
 
 def _warmup(
-    config: Any,
+    config: ModelConfig,
     model_dir: Path,
     inputs: tuple[TensorSpec, ...],
     backend: str,
@@ -319,7 +339,12 @@ def _warmup(
 
 
 def auto_complete(
-    config: Any, backend: str, model_dir: Path, versions: dict[int, str], source: str, issues: list[SpecIssue]
+    config: ModelConfig,
+    backend: str,
+    model_dir: Path,
+    versions: dict[int, str],
+    source: str,
+    issues: list[SpecIssue],
 ) -> bool:
     """Run the backend's auto-complete hook, if any, and fold its result into ``config``."""
     hook = AUTOCOMPLETE.get(backend)
@@ -345,7 +370,7 @@ def auto_complete(
     return True
 
 
-def apply_completion(config: Any, completion: Completion) -> None:
+def apply_completion(config: ModelConfig, completion: Completion) -> None:
     from flowserve.core.datatypes import to_config
 
     if completion.max_batch_size is not None:
@@ -353,22 +378,26 @@ def apply_completion(config: Any, completion: Completion) -> None:
     scheduler = config.WhichOneof("scheduling_choice")
     if completion.dynamic_batching and scheduler is None and config.max_batch_size > 0:
         config.dynamic_batching.SetInParent()
-    for field_name, tensors in (("input", completion.inputs), ("output", completion.outputs)):
-        present = {t.name for t in getattr(config, field_name)}
-        for t in tensors:
-            if t.name in present:
-                continue
-            entry = getattr(config, field_name).add(
+    present = {t.name for t in config.input}
+    for t in completion.inputs:
+        if t.name not in present:
+            entry = config.input.add(
                 name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims)
             )
-            if field_name == "input" and t.optional:
+            if t.optional:
                 entry.optional = True
+    present = {t.name for t in config.output}
+    for t in completion.outputs:
+        if t.name not in present:
+            config.output.add(
+                name=t.name, data_type=mc.DataType.Value(to_config(t.datatype)), dims=list(t.dims)
+            )
     if completion.decoupled is not None:
         config.model_transaction_policy.decoupled = completion.decoupled
 
 
 def ensemble_graph(
-    config: Any,
+    config: ModelConfig,
     source: str,
     inputs: tuple[TensorSpec, ...],
     outputs: tuple[TensorSpec, ...],
@@ -478,7 +507,7 @@ def config_from_graph(
     outputs: list[TensorSpec],
     node_outputs: dict[str, tuple[str, ...]],
     decoupled: bool = False,
-) -> Any:
+) -> ModelConfig:
     """A ModelConfig describing a YAML graph for clients (perf_analyzer reads it).
 
     A graph that runs repository models reports itself as Triton would an ensemble (platform
@@ -493,7 +522,7 @@ def config_from_graph(
     batched = graph.max_batch_size > 0
     steps = [n for n in graph.nodes.values() if kind_of(n).step]
     platform = "ensemble" if steps else graph.platform
-    config = ModelConfig(name=graph.name, platform=platform, max_batch_size=graph.max_batch_size)
+    config = new_config(name=graph.name, platform=platform, max_batch_size=graph.max_batch_size)
     for t in graph.inputs.values():
         config.input.add(
             name=t.name,

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from flowserve.core.datatypes import DATATYPES, from_config
 from flowserve.core.errors import InvalidArgument
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import TensorSpec, WarmupInput, WarmupSpec
 
 # report(message, field)
@@ -39,7 +40,7 @@ WARMUP_DIR = "warmup"
 
 
 def warmup_from_config(
-    config: Any,
+    config: ModelConfig,
     model_dir: Path,
     inputs: tuple[TensorSpec, ...],
     max_batch_size: int,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
-from typing import Any
 
 from flowserve.core.errors import Unsupported
 from flowserve.nodes.backends import plugins
 from flowserve.nodes.backends.autocomplete import onnx_autocomplete, python_autocomplete
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.triton import AUTOCOMPLETE, AutoComplete, Completion
 
 # backend name -> "module:class" of its BackendNode subclass
@@ -44,7 +44,7 @@ AUTOCOMPLETE.setdefault("python", python_autocomplete)
 def _lazy_hook(target: str) -> AutoComplete:
     """An auto-complete hook imported from ``module:function`` only when it is called."""
 
-    def hook(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+    def hook(config: ModelConfig, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
         module_name, _, name = target.partition(":")
         found: Completion | None = getattr(importlib.import_module(module_name), name)(
             config, model_dir, version_dirs

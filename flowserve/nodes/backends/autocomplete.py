@@ -21,6 +21,7 @@ from typing import Any
 
 from flowserve.core.datatypes import from_config
 from flowserve.core.errors import InvalidArgument
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import TensorSpec
 from flowserve.spec.triton import DEFAULT_FILENAMES, Completion, config_to_json
 
@@ -55,7 +56,7 @@ def _first_file(version_dirs: list[Path], filename: str) -> Path | None:
 
 def completion(
     model: str,
-    config: Any,
+    config: ModelConfig,
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     batch_dims: list[tuple[str, tuple[int, ...]]] | None = None,
@@ -146,7 +147,7 @@ def onnx_signature(path: Path, model: str) -> tuple[list[TensorSpec], list[Tenso
     return inputs, outputs
 
 
-def onnx_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+def onnx_autocomplete(config: ModelConfig, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
     if len(config.input) > 0 and len(config.output) > 0:
         return None
     model = model_dir.name
@@ -161,7 +162,7 @@ def onnx_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) ->
     return completion(model, config, inputs, outputs)
 
 
-def python_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+def python_autocomplete(config: ModelConfig, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
     """Call model.py's ``TritonPythonModel.auto_complete_config`` when it defines one.
 
     The file is imported only when its text mentions ``auto_complete_config``; a model.py that

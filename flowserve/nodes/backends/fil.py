@@ -120,9 +120,7 @@ class FilBackend(BackendNode):
                 f"model '{model.name}': parameter model_type '{model_type}' is not one of "
                 f"{sorted(MODEL_TYPES)}"
             )
-        filename = (model.config.default_model_filename if model.config is not None else "") or MODEL_TYPES[
-            model_type
-        ]
+        filename = model.config.default_model_filename or MODEL_TYPES[model_type]
         path = Path(self.version_path) / filename
         if not path.exists():
             raise InvalidArgument(f"model '{model.name}': model file {path} does not exist")

@@ -36,6 +36,7 @@ from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, require
 from flowserve.nodes.backends.autocomplete import completion
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import ModelSpec, TensorSpec
 from flowserve.spec.triton import DEFAULT_FILENAMES, Completion
 
@@ -84,7 +85,7 @@ def model_file(model: ModelSpec, version_path: str | Path) -> Path:
     path = vdir / (model.default_model_filename or IR_FILE)
     if path.exists():
         return path
-    explicit = model.config is not None and bool(model.config.default_model_filename)
+    explicit = bool(model.config.default_model_filename)
     if not explicit and (vdir / ONNX_FILE).exists():
         return vdir / ONNX_FILE
     raise InvalidArgument(f"model '{model.name}': model file {path} does not exist")
@@ -298,7 +299,9 @@ def openvino_tensors(path: Path, model: str) -> tuple[list[TensorSpec], list[Ten
     return [spec(p) for p in ov_model.inputs], [spec(p) for p in ov_model.outputs]
 
 
-def openvino_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+def openvino_autocomplete(
+    config: ModelConfig, model_dir: Path, version_dirs: list[Path]
+) -> Completion | None:
     if len(config.input) > 0 and len(config.output) > 0:
         return None
     model = model_dir.name

@@ -26,6 +26,7 @@ from flowserve.nodes.backends._support import placement
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import InstanceSpec, ModelSpec, TensorSpec
 from flowserve.spec.triton import Completion, config_to_json
 
@@ -283,7 +284,7 @@ class PluginBackendNode(BackendNode):
             outputs=tuple(_tensor_info(t) for t in m.outputs),
             parameters=dict(m.parameters),
             default_model_filename=m.default_model_filename,
-            config=config_to_json(m.config) if m.config is not None else {},
+            config=config_to_json(m.config),
         )
 
     def load_instance(self, index: int) -> Any:
@@ -331,7 +332,7 @@ def _tensor_info(t: TensorSpec) -> api.TensorInfo:
 def plugin_autocomplete(backend: str, builtins: dict[str, str]) -> Any:
     """An auto-complete hook for plugin ``backend`` that imports it only when called."""
 
-    def hook(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+    def hook(config: ModelConfig, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
         target = builtins.get(backend, "")
         obj = load_plugin(backend, target, model_dir.name)
         method = getattr(obj, "auto_complete", None)

@@ -32,6 +32,7 @@ from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, Placement, placement, require
 from flowserve.nodes.backends.autocomplete import completion
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import ModelSpec, TensorSpec
 from flowserve.spec.triton import DEFAULT_FILENAMES, PLATFORM_FILENAMES, Completion
 
@@ -73,7 +74,7 @@ def model_path(model: ModelSpec, version_path: str | Path) -> Path:
     named = vdir / (model.default_model_filename or SAVEDMODEL)
     if named.exists():
         return named
-    if not model.config or not model.config.default_model_filename:
+    if not model.config.default_model_filename:
         for candidate in (vdir / SAVEDMODEL, vdir / GRAPHDEF):
             if candidate.exists():
                 return candidate
@@ -260,7 +261,9 @@ def signature_tensors(
     return inputs, outputs
 
 
-def savedmodel_autocomplete(config: Any, model_dir: Path, version_dirs: list[Path]) -> Completion | None:
+def savedmodel_autocomplete(
+    config: ModelConfig, model_dir: Path, version_dirs: list[Path]
+) -> Completion | None:
     """Fill inputs/outputs/max_batch_size from the SavedModel signature (GraphDef: nothing)."""
     if len(config.input) > 0 and len(config.output) > 0:
         return None
