@@ -8,7 +8,18 @@ Public surface::
 
 from flowserve.core.errors import ErrorCode, FlowserveError, NodeError, SpecError
 from flowserve.core.node import Context, Node
+from flowserve.core.version import VERSION
 from flowserve.dataplane.engine import Engine
+from flowserve.repository.settings import RepositorySettings
 
-__all__ = ["Context", "Engine", "ErrorCode", "FlowserveError", "Node", "NodeError", "SpecError"]
-__version__ = "0.1.0"
+__all__ = [
+    "Context",
+    "Engine",
+    "ErrorCode",
+    "FlowserveError",
+    "Node",
+    "NodeError",
+    "RepositorySettings",
+    "SpecError",
+]
+__version__ = VERSION

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowserve.core.errors import InvalidArgument, SpecIssue
-from flowserve.dataplane.engine import add_import_roots, scan_all
-from flowserve.dataplane.guard import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
 from flowserve.nodes.factory import compile_all
+from flowserve.repository.repository import add_import_roots, scan_all
+from flowserve.repository.settings import RepositorySettings
+from flowserve.settings import Settings
 
 if TYPE_CHECKING:
-    from flowserve.dataplane.remote import RemoteOptions
     from flowserve.frontends.grpc.tls import GrpcTls
     from flowserve.nodes.ratelimit import ResourceLimit
     from flowserve.observability.traceconfig import TraceConfig
+    from flowserve.repository.remote import RemoteOptions
 
 DEFAULT_REPOSITORY = "model_repository"
 DEFAULT_GRAPHS = "graphs"
@@ -137,8 +138,8 @@ def cmd_graph_render(args: argparse.Namespace) -> int:
 
 
 def _repositories(args: argparse.Namespace, repos: list[Path]) -> list[Path | str]:
-    """The repositories to serve: a URL (s3://, gs://, ...) stays a string (dataplane/remote.py)."""
-    from flowserve.dataplane.remote import is_remote
+    """The repositories to serve: a URL (s3://, gs://, ...) stays a string (repository/remote.py)."""
+    from flowserve.repository.remote import is_remote
 
     if not args.model_repository:
         return list(repos)
@@ -146,8 +147,8 @@ def _repositories(args: argparse.Namespace, repos: list[Path]) -> list[Path | st
 
 
 def _remote_and_rate_limits(args: argparse.Namespace) -> tuple[RemoteOptions, list[ResourceLimit]]:
-    from flowserve.dataplane.remote import RemoteOptions
     from flowserve.nodes.ratelimit import parse_resource_limit
+    from flowserve.repository.remote import RemoteOptions
 
     cache = Path(args.repository_cache_dir) if args.repository_cache_dir else None
     remote = RemoteOptions(cache, args.repository_complete, args.repository_settle_secs)
@@ -218,7 +219,7 @@ def _flag(text: str) -> bool:
 def cmd_serve(args: argparse.Namespace) -> int:
     from flowserve.dataplane.access import GRPC_HEADER_PREFIX, Restrictions
     from flowserve.dataplane.plane import Limits
-    from flowserve.server import ServerOptions, exit_watchdog, serve
+    from flowserve.server import exit_watchdog, serve
 
     faulthandler.enable()  # a crash in native code prints the Python stacks of every thread
     try:
@@ -246,22 +247,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    options = ServerOptions(
+    try:
+        repository = RepositorySettings(
+            control_mode=args.model_control_mode,
+            load_models=tuple(args.load_model or ()),
+            poll_secs=args.repository_poll_secs,
+            cache_bytes=args.cache_size,
+            model_load_threads=args.model_load_thread_count,
+            inline_threshold_us=args.inline_threshold_us,
+            remote=remote,
+        )
+    except InvalidArgument as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    options = Settings(
         model_repositories=_repositories(args, repos),
-        remote=remote,
+        graph_dirs=graphs,
+        repository=repository,
         rate_limit=args.rate_limit,
         rate_limit_resources=rate_limits,
         header_forward=header_forward,
-        graph_dirs=graphs,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
-        control_mode=args.model_control_mode,
-        load_models=args.load_model or [],
-        poll_secs=args.repository_poll_secs,
-        cache_bytes=args.cache_size,
-        inline_threshold_us=args.inline_threshold_us,
         allow_shm=args.allow_shm,
         limits=Limits(
             max_request_bytes=args.max_request_bytes,
@@ -286,7 +295,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grpc_response_compression=args.grpc_infer_response_compression_level,
         trace_config=trace_config,
         http_server=args.http_server,
-        model_load_threads=args.model_load_thread_count,
     )
     if args.loop == "uvloop":
         import uvloop
@@ -299,19 +307,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowserve", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    # every default is the settings object's (flowserve/settings.py), with FLOWSERVE_* applied
+    d = Settings.from_env() if defaults is None else defaults
     serve = sub.add_parser("serve", help="serve model repositories and graphs")
     serve.add_argument("--model-repository", action="append", metavar="DIR")
     serve.add_argument("--graphs", action="append", metavar="DIR")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--http-port", type=int, default=8000, help="negative: no HTTP listener")
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--host", default=d.host)
+    serve.add_argument("--http-port", type=int, default=d.http_port, help="negative: no HTTP listener")
+    serve.add_argument("--grpc-port", type=int, default=d.grpc_port)
+    serve.add_argument("--metrics-port", type=int, default=d.metrics_port)
     serve.add_argument(
         "--trace-config",
         action="append",
@@ -335,20 +345,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-infer-response-compression-level",
         choices=["none", "low", "medium", "high"],
-        default="none",
+        default=d.grpc_response_compression,
         help="compress gRPC inference responses (gzip or deflate, as the client accepts), as Triton",
     )
     serve.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],
-        default="none",
+        default=d.repository.control_mode,
         help="none: load all, no load/unload API; explicit: only --load-model and the API; "
         "poll: load all and re-scan every --repository-poll-secs",
     )
     serve.add_argument(
         "--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)"
     )
-    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
+    serve.add_argument("--repository-poll-secs", type=float, default=d.repository.poll_secs)
     serve.add_argument(
         "--repository-cache-dir",
         metavar="DIR",
@@ -358,15 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--repository-complete",
         choices=["stable", "marker"],
-        default="stable",
+        default=d.repository.remote.complete,
         help="when a remote version directory is complete: 'stable' (the same in two listings "
         "--repository-settle-secs apart) or 'marker' (it holds a .complete file, written last)",
     )
-    serve.add_argument("--repository-settle-secs", type=float, default=2.0, metavar="S")
+    serve.add_argument(
+        "--repository-settle-secs", type=float, default=d.repository.remote.settle_s, metavar="S"
+    )
     serve.add_argument(
         "--rate-limit",
         choices=["off", "execution_count"],
-        default="off",
+        default=d.rate_limit,
         help="Triton's rate limiter: instances run only when their instance_group.rate_limiter "
         "resources are free, fewest executions (scaled by priority) first",
     )
@@ -386,39 +398,44 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cache-size",
         type=int,
-        default=0,
+        default=d.repository.cache_bytes,
         metavar="BYTES",
         help="response cache size (LRU, shared); models opt in with response_cache { enable: true }",
     )
     serve.add_argument(
         "--inline-threshold-us",
         type=float,
-        default=1000.0,
+        default=d.repository.inline_threshold_us,
         help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
     serve.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
-    serve.add_argument("--allow-shm", action="store_true", help="allow client system shared memory")
     serve.add_argument(
-        "--max-request-bytes", type=int, default=256 * 1024 * 1024, help="largest request body accepted"
+        "--allow-shm", action="store_true", default=d.allow_shm, help="allow client system shared memory"
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=d.limits.max_request_bytes,
+        help="largest request body accepted",
     )
     serve.add_argument(
         "--max-tensor-elements",
         type=int,
-        default=64 * 1024 * 1024,
+        default=d.limits.max_tensor_elements,
         metavar="N",
         help="most elements one input tensor may have (and largest dimension)",
     )
     serve.add_argument(
         "--max-bytes-element",
         type=int,
-        default=16 * 1024 * 1024,
+        default=d.limits.max_bytes_element,
         metavar="BYTES",
         help="largest single element of a BYTES input",
     )
     serve.add_argument(
         "--max-inflight-requests",
         type=int,
-        default=4096,
+        default=d.max_inflight_requests,
         metavar="N",
         help="inference requests in flight at once, server-wide; more are refused with UNAVAILABLE "
         "(0: no bound)",
@@ -426,14 +443,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-inflight-per-model",
         type=int,
-        default=1024,
+        default=d.max_inflight_per_model,
         metavar="N",
         help="inference requests in flight at once for one model or graph (0: no bound)",
     )
     serve.add_argument(
         "--max-connections",
         type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
+        default=d.max_connections,
         metavar="N",
         help="open connections per listener (HTTP, gRPC, metrics); more are closed at once and logged "
         "(0: no cap)",
@@ -441,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-buffered-request-bytes",
         type=int,
-        default=DEFAULT_MAX_BUFFERED_BYTES,
+        default=d.max_buffered_request_bytes,
         metavar="BYTES",
         help="request bytes held in memory across all requests; a request that does not fit is refused "
         "before it is read (HTTP 503, gRPC RESOURCE_EXHAUSTED; 0: no budget)",
@@ -450,35 +467,35 @@ def build_parser() -> argparse.ArgumentParser:
     timeouts.add_argument(
         "--http-idle-timeout-secs",
         type=float,
-        default=75.0,
+        default=d.http_idle_timeout_s,
         metavar="S",
         help="an HTTP connection with no request, or with a request head still incomplete, is closed",
     )
     timeouts.add_argument(
         "--http-body-timeout-secs",
         type=float,
-        default=30.0,
+        default=d.http_body_timeout_s,
         metavar="S",
         help="a request body that makes no progress this long gets 408 and the connection closes",
     )
     timeouts.add_argument(
         "--grpc-handshake-timeout-secs",
         type=float,
-        default=10.0,
+        default=d.grpc_handshake_timeout_s,
         metavar="S",
         help="TLS handshake, HTTP/2 preface and first SETTINGS of a gRPC connection must be done within it",
     )
     timeouts.add_argument(
         "--grpc-idle-timeout-secs",
         type=float,
-        default=300.0,
+        default=d.grpc_idle_timeout_s,
         metavar="S",
         help="a gRPC connection with no open call and no frame this long gets GOAWAY and is closed",
     )
     serve.add_argument(
         "--http-max-json-bytes",
         type=int,
-        default=None,
+        default=d.http_max_json_bytes,
         metavar="BYTES",
         help="largest JSON request body (or JSON header of a binary request); default 32 MiB, at most "
         "--max-request-bytes; larger tensors go as binary data",
@@ -492,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--exit-timeout-secs",
         type=float,
-        default=30.0,
+        default=d.shutdown_grace_s,
         metavar="S",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are cancelled",
     )
@@ -512,21 +529,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-server",
         choices=GRPC_SERVERS,
-        default=GRPC_SERVERS[0],
+        default=d.grpc_server,
         help="gRPC transport: flowserve's own HTTP/2 server (native, about a tenth of grpcio's CPU per "
         "call) or grpc's asyncio server (grpcio)",
     )
     serve.add_argument(
         "--http-server",
         choices=HTTP_SERVERS,
-        default=HTTP_SERVERS[0],
+        default=d.http_server,
         help="HTTP/1.1 server: flowserve's own (native, about two thirds of uvicorn's CPU per request) or "
         "uvicorn with httptools (uvicorn)",
     )
     serve.add_argument(
         "--model-load-thread-count",
         type=int,
-        default=4,
+        default=d.repository.model_load_threads,
         metavar="N",
         help="models loaded at once, and instances of one model for backends that allow it (Triton's)",
     )
@@ -563,7 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        defaults = Settings.from_env()
+    except InvalidArgument as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    args = build_parser(defaults).parse_args(argv)
     from flowserve.observability.logs import configure
 
     configure(args.log_level, json_lines=args.log_json)

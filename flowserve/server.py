@@ -13,28 +13,22 @@ import asyncio
 import gc
 import logging
 import os
-import re
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from flowserve.dataplane.access import Restrictions
-from flowserve.dataplane.admission import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_PER_MODEL, Admission
+from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
-from flowserve.dataplane.guard import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS, ByteBudget, Guards
-from flowserve.dataplane.plane import DataPlane, Limits
-from flowserve.dataplane.remote import RemoteOptions
+from flowserve.dataplane.guard import ByteBudget, Guards
+from flowserve.dataplane.plane import DataPlane
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.instances import configure_inline
-from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit
+from flowserve.nodes.ratelimit import RateLimiter
+from flowserve.settings import Settings
 
 if TYPE_CHECKING:
-    from flowserve.frontends.grpc.tls import GrpcTls
     from flowserve.observability.otel import OtlpExporter
-    from flowserve.observability.traceconfig import TraceConfig
 
 log = logging.getLogger("flowserve")
 
@@ -51,51 +45,8 @@ class Listener(Protocol):
     async def stop(self, grace_s: float) -> None: ...
 
 
-@dataclass
-class ServerOptions:
-    model_repositories: list[Path | str] = field(default_factory=list)  # str: a URL (s3://...)
-    graph_dirs: list[Path] = field(default_factory=list)
-    host: str = "0.0.0.0"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    control_mode: str = "none"
-    load_models: list[str] = field(default_factory=list)
-    poll_secs: float = 15.0
-    cache_bytes: int = 0
-    inline_threshold_us: float = 1000.0
-    allow_shm: bool = False
-    limits: Limits = field(default_factory=Limits)
-    shutdown_grace_s: float = 30.0
-    # open connections per listener, and request bytes in memory across all requests (guard.py)
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_buffered_request_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
-    # --log-file: the only way to set the log file (the logging API cannot change file locations)
-    log_file: str = ""
-    # connection timeouts (seconds; 0: none): HTTP keep-alive idle and request head, HTTP body
-    # progress, gRPC handshake (TLS, preface, first SETTINGS) and gRPC idle (no stream, no frame)
-    http_idle_timeout_s: float = 75.0
-    http_body_timeout_s: float = 30.0
-    grpc_handshake_timeout_s: float = 10.0
-    grpc_idle_timeout_s: float = 300.0
-    http_max_json_bytes: int | None = None  # None: 32 MiB (frontends/http/app.py)
-    max_inflight_requests: int = DEFAULT_MAX_IN_FLIGHT
-    max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL
-    http_restrictions: Restrictions = field(default_factory=Restrictions)
-    grpc_restrictions: Restrictions = field(default_factory=Restrictions)
-    grpc_server: str = "native"  # flowserve.frontends.GRPC_SERVERS
-    grpc_tls: GrpcTls | None = None  # --grpc-use-ssl (frontends/grpc/tls.py)
-    grpc_response_compression: str = "none"  # --grpc-infer-response-compression-level
-    http_server: str = "native"  # flowserve.frontends.HTTP_SERVERS
-    model_load_threads: int = 4
-    # remote repositories (dataplane/remote.py) and Triton's rate limiter (nodes/ratelimit.py)
-    remote: RemoteOptions = field(default_factory=RemoteOptions)
-    rate_limit: str = "off"
-    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
-    # "http"/"grpc" -> headers forwarded as request parameters (dataplane/headers.py)
-    header_forward: dict[str, re.Pattern[str]] = field(default_factory=dict)
-    # --trace-config: start-up trace settings, and the OTLP export in opentelemetry mode
-    trace_config: TraceConfig | None = None
+# the name the in-process API has always used for the server's settings
+ServerOptions = Settings
 
 
 class Server:
@@ -107,16 +58,11 @@ class Server:
 
     async def start(self) -> DataPlane:
         opts = self.options
-        configure_inline(opts.inline_threshold_us)
+        configure_inline(opts.repository.inline_threshold_us)
         engine = await Engine.start(
             opts.model_repositories,
             opts.graph_dirs,
-            control_mode=opts.control_mode,
-            load_models=opts.load_models if opts.control_mode == "explicit" else ["*"],
-            poll_secs=opts.poll_secs,
-            cache_bytes=opts.cache_bytes,
-            model_load_threads=opts.model_load_threads,
-            remote=opts.remote,
+            opts.repository,
             rate_limiter=RateLimiter(opts.rate_limit_resources) if opts.rate_limit != "off" else None,
         )
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
@@ -207,7 +153,7 @@ class Server:
         if self.plane is not None:
             plane, self.plane = self.plane, None
             try:
-                await asyncio.wait_for(plane.engine.stop(), UNLOAD_WAIT_S)
+                await asyncio.wait_for(plane.stop(), UNLOAD_WAIT_S)
             except TimeoutError:
                 log.error("unloading took longer than %.0f s at shutdown; exiting anyway", UNLOAD_WAIT_S)
             plane.shm.close()

@@ -1,4 +1,4 @@
-"""Layer 5: the transport-neutral data plane both front ends (and embedders) call."""
+"""Layer 6: the transport-neutral data plane both front ends (and embedders) call."""
 
 from flowserve.dataplane.engine import Engine
 

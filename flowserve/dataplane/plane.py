@@ -1,6 +1,12 @@
-"""The data plane both front ends translate to: one object holding the engine, client shared
-memory, limits, and the trace and log settings, with every operation of Triton's protocol as a
-transport-neutral method (plain dicts in, plain dicts out, errors from core.errors)."""
+"""The data plane: the one surface the front ends and the observability layer use.
+
+One object holding the engine (and through it the repository), client shared memory, limits,
+admission, connection guards, and the trace and log settings, with every operation of Triton's
+protocol as a transport-neutral method (plain dicts in, plain dicts out, errors from
+core.errors), and typed read-only queries of what is loaded (``servables``, ``servable``,
+``model_states``, ``plan``, ``model_specs``) for metrics, health and the UI. Nothing above this
+layer reaches into the engine or the repository: policy (control mode, shared memory,
+restrictions) is decided here once, whatever the transport."""
 
 from __future__ import annotations
 
@@ -9,24 +15,28 @@ import logging
 import random
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowserve.core.errors import InvalidArgument, NotFound, Unsupported
+from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, Unsupported
 from flowserve.core.limits import Limits as Limits  # re-exported: the plane holds them
 from flowserve.core.node import Span
 from flowserve.core.types import InferRequest, InferResponse
+from flowserve.core.version import VERSION
 from flowserve.dataplane import metadata
 from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import Guards
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.dataplane.streams import decouple
+from flowserve.graph.plan import Plan
 from flowserve.nodes.split import parse_split_weights, set_split_weights
+from flowserve.runtime.registry import Status
+from flowserve.runtime.servable import Servable
+from flowserve.spec.schema import ModelSpec
 
 log = logging.getLogger("flowserve")
-VERSION = "0.1.0"
 
 
 @dataclass(slots=True)
@@ -213,7 +223,7 @@ class DataPlane:
         return metadata.repository_index(self.engine.registry, ready_only)
 
     def _check_control(self, action: str, name: str) -> None:
-        mode = self.engine.control_mode
+        mode = self.engine.settings.control_mode
         if mode != "explicit":
             raise Unsupported(
                 f"failed to {action} '{name}': explicit model {action} is not allowed in model control "
@@ -375,6 +385,50 @@ class DataPlane:
     def require_model(self, name: str) -> None:
         if not self.engine.registry.has(name):
             raise NotFound(f"unknown model: '{name}'")
+
+    # ------------------------------------------------------------ what is loaded (read-only)
+
+    def has_model(self, name: str) -> bool:
+        """Whether ``name`` has a version loaded."""
+        return self.engine.registry.has(name)
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model answers with a stream (raises NotFound when not loaded)."""
+        return self.engine.registry.get(name, version).decoupled
+
+    def servables(self) -> list[Servable]:
+        """Every loaded model or graph version, sorted by (name, version)."""
+        return sorted(self.engine.registry.servables(), key=lambda s: (s.name, s.version))
+
+    def servable(self, name: str, version: str = "") -> Servable | None:
+        """The loaded version that serves ``name`` (``version`` "": the newest), or None."""
+        registry = self.engine.registry
+        if not registry.has(name):
+            return None
+        try:
+            return registry.get(name, version)
+        except FlowserveError:
+            return None
+
+    def model_states(self) -> list[Status]:
+        """Every model and graph the repository knows, with its load state and reason."""
+        return self.engine.registry.index()
+
+    def plan(self, name: str) -> Plan | None:
+        """The compiled graph of ``name`` (loaded or not), or None."""
+        return self.engine.plans.get(name)
+
+    def is_graph(self, name: str) -> bool:
+        """Whether ``name`` comes from a YAML graph (not a repository model)."""
+        return name in self.engine.graphs
+
+    def model_specs(self) -> Mapping[str, ModelSpec]:
+        """The repository's model specs by name."""
+        return self.engine.models
+
+    async def stop(self) -> None:
+        """Stop serving: every servable is stopped (the repository's and the engine's end)."""
+        await self.engine.stop()
 
 
 def _refuse_file_change(settings: dict[str, Any], key: str, current: str, kind: str) -> None:

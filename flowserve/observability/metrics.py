@@ -175,8 +175,7 @@ class EngineCollector:
         self.plane = plane
 
     def collect(self) -> Iterator[Metric]:
-        registry = self.plane.engine.registry
-        servables = sorted(registry.servables(), key=lambda s: (s.name, s.version))
+        servables = self.plane.servables()
         models = _model_families()
         nodes = _node_families()
         splits = _split_families()
@@ -188,7 +187,7 @@ class EngineCollector:
                 if isinstance(node, SplitNode):
                     _split(servable, node, splits)
         state = _Family("flowserve_model_state", "Load state of each model version", "gauge", ())
-        for status in registry.index():
+        for status in self.plane.model_states():
             state.add((), 1, model=status.name, version=status.version, state=status.state.value)
         for family in (*models.values(), state, *nodes.values(), *splits.values(), *self._guards()):
             yield family.metric

@@ -34,7 +34,8 @@ import time
 from collections.abc import Sequence
 
 from flowserve.core.node import Span
-from flowserve.dataplane.plane import VERSION, DataPlane, Trace
+from flowserve.core.version import VERSION
+from flowserve.dataplane.plane import DataPlane, Trace
 from flowserve.observability.traceconfig import DEFAULT_URL, OtelOptions
 from flowserve.observability.traces import trace_bounds
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from flowserve.core.errors import FlowserveError
 from flowserve.graph.plan import PlanNode
-from flowserve.runtime.registry import Registry
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import Duration, ModelStats, NodeStats
 from flowserve.spec.kinds import kind_of
@@ -59,15 +58,18 @@ def model_summary(servable: Servable) -> dict[str, Any]:
 
 
 def node_summary(
-    registry: Registry, servable: Servable, node: PlanNode, stats: NodeStats, element_id: str = ""
+    lookup: Callable[[str, str], Servable | None],
+    servable: Servable,
+    node: PlanNode,
+    stats: NodeStats,
+    element_id: str = "",
 ) -> dict[str, Any]:
+    """One node's counters; ``lookup(name, version)`` finds the servable a step node calls."""
     ex = node_exec(servable, node, stats)
     target = None
     if kind_of(node.spec).step:
-        try:
-            target = model_summary(registry.get(node.spec.target, node.spec.version))
-        except FlowserveError:
-            target = None
+        called = lookup(node.spec.target, node.spec.version)
+        target = model_summary(called) if called is not None else None
     return {
         "name": node.name,
         "kind": node.spec.kind,

@@ -161,37 +161,27 @@ class UI:
 
     # ------------------------------------------------------------------ data
 
-    def _servable(self, name: str, version: str = "") -> Servable | None:
-        registry = self.plane.engine.registry
-        return registry.get(name, version) if registry.has(name) else None
-
     def _plan(self, name: str, version: str = "") -> tuple[Plan, Servable | None]:
-        servable = self._servable(name, version)
+        servable = self.plane.servable(name, version)
         if servable is not None:
             return servable.plan, servable
-        plan = self.plane.engine.plans.get(name)
+        plan = self.plane.plan(name)
         if plan is None:
             raise NotFound(f"unknown model or graph: '{name}'")
         return plan, None
 
     def view(self, name: str, version: str = "") -> render.GraphView:
         plan, _ = self._plan(name, version)
-        return render.graph_view(plan, self.plane.engine.models)
+        return render.graph_view(plan, self.plane.model_specs())
 
     def models(self) -> list[dict[str, Any]]:
-        registry = self.plane.engine.registry
-        engine = self.plane.engine
+        plane = self.plane
         out = []
-        for status in registry.index():
-            servable = None
-            if status.version and registry.has(status.name):
-                try:
-                    servable = registry.get(status.name, status.version)
-                except FlowserveError:
-                    servable = None
-            plan = servable.plan if servable is not None else engine.plans.get(status.name)
+        for status in plane.model_states():
+            servable = plane.servable(status.name, status.version) if status.version else None
+            plan = servable.plan if servable is not None else plane.plan(status.name)
             kind = servable.kind if servable is not None else "graph"
-            if servable is None and status.name not in engine.graphs:
+            if servable is None and not plane.is_graph(status.name):
                 kind = "model"
             out.append(
                 {
@@ -212,13 +202,12 @@ class UI:
         _, servable = self._plan(name, version)
         if servable is None:
             return {"name": name, "version": version, "model": None, "nodes": []}
-        registry = self.plane.engine.registry
         return {
             "name": servable.name,
             "version": str(servable.version),
             "model": model_summary(servable),
             "nodes": [
-                node_summary(registry, servable, node, stats, render.node_element_id(node.index))
+                node_summary(self.plane.servable, servable, node, stats, render.node_element_id(node.index))
                 for node, stats in zip(servable.plan.nodes, servable.executor.stats, strict=True)
             ],
         }
@@ -241,7 +230,7 @@ class UI:
     async def svg(self, name: str, version: str, engine: str = "auto") -> tuple[render.GraphView, str, str]:
         """(view, svg, which layout drew it); graphviz runs in a subprocess, off the loop."""
         plan, _ = self._plan(name, version)
-        view = render.graph_view(plan, self.plane.engine.models)
+        view = render.graph_view(plan, self.plane.model_specs())
         use_dot = engine != "builtin" and render.dot_binary() is not None
         key = (name, f"{version}:{'dot' if use_dot else 'builtin'}")
         cached = self._svg.get(key)

@@ -12,6 +12,7 @@ import pytest
 import flowserve
 from flowserve.core.errors import InvalidArgument, Unavailable, Unsupported
 from flowserve.dataplane.plane import DataPlane
+from flowserve.repository.settings import RepositorySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,9 @@ def states(engine: flowserve.Engine) -> dict[str, str]:
 
 async def test_explicit_loads_only_what_is_named_plus_dependencies(tmp_path: Path) -> None:
     engine = await flowserve.Engine.start(
-        copy_repo(tmp_path), ROOT / "graphs", control_mode="explicit", load_models=["simple_ensemble"]
+        copy_repo(tmp_path),
+        ROOT / "graphs",
+        settings=RepositorySettings(control_mode="explicit", load_models=("simple_ensemble",)),
     )
     try:
         assert engine.model_ready("simple_ensemble")
@@ -42,7 +45,9 @@ async def test_explicit_loads_only_what_is_named_plus_dependencies(tmp_path: Pat
 
 
 async def test_none_mode_refuses_the_load_api(tmp_path: Path) -> None:
-    engine = await flowserve.Engine.start(copy_repo(tmp_path), control_mode="none")
+    engine = await flowserve.Engine.start(
+        copy_repo(tmp_path), settings=RepositorySettings(control_mode="none")
+    )
     plane = DataPlane(engine)
     try:
         assert engine.model_ready("simple")
@@ -56,7 +61,9 @@ async def test_none_mode_refuses_the_load_api(tmp_path: Path) -> None:
 
 async def test_poll_picks_up_added_changed_and_removed_models(tmp_path: Path) -> None:
     repo = copy_repo(tmp_path)
-    engine = await flowserve.Engine.start(repo, control_mode="poll", poll_secs=3600)
+    engine = await flowserve.Engine.start(
+        repo, settings=RepositorySettings(control_mode="poll", poll_secs=3600)
+    )
     try:
         assert await engine.poll_once() == ([], [])  # nothing changed
         # add a model: a copy of simple under a new name

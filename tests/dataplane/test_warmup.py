@@ -24,6 +24,7 @@ from flowserve.nodes.backends.base import BackendNode
 from flowserve.nodes.instances import InstancePool
 from flowserve.nodes.loading import load_waves
 from flowserve.nodes.warmup import sample_tensors
+from flowserve.repository.settings import RepositorySettings
 from flowserve.spec.repository import scan_model
 from flowserve.spec.schema import WarmupInput, WarmupSpec
 
@@ -444,7 +445,7 @@ def test_model_load_thread_count_option(tmp_path: Path, monkeypatch: pytest.Monk
     seen: list[int] = []
 
     async def fake_serve(options: server.ServerOptions) -> int:
-        seen.append(options.model_load_threads)
+        seen.append(options.repository.model_load_threads)
         return 0
 
     monkeypatch.setattr(server, "serve", fake_serve)
@@ -454,4 +455,4 @@ def test_model_load_thread_count_option(tmp_path: Path, monkeypatch: pytest.Monk
     assert cli.main(["serve", "--model-repository", str(tmp_path)]) == 0
     assert seen == [2, 4]
     with pytest.raises(InvalidArgument, match="load thread count"):
-        Engine(tmp_path, model_load_threads=0)
+        RepositorySettings(model_load_threads=0)

@@ -26,6 +26,7 @@ from flowserve.nodes.split import (
 )
 from flowserve.observability.metrics import make_registry, scrape
 from flowserve.observability.render import render
+from flowserve.repository.settings import RepositorySettings
 from flowserve.spec.graph_yaml import load_graph_file
 
 # ------------------------------------------------------------------------ the pure choice
@@ -340,7 +341,9 @@ async def test_weights_change_through_the_repository_api_without_a_reload(repo: 
           canary: {model: tag, version: 2, weight: 0}
         """,
     )
-    engine = await flowserve.Engine.start(repo / "models", graphs, control_mode="none")
+    engine = await flowserve.Engine.start(
+        repo / "models", graphs, settings=RepositorySettings(control_mode="none")
+    )
     plane = DataPlane(engine)
     try:
         servable = engine.registry.get("live")

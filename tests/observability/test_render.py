@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from flowserve.core.errors import Unsupported
-from flowserve.dataplane.engine import add_import_roots, scan_all
 from flowserve.graph.plan import Plan
 from flowserve.nodes.factory import compile_all
 from flowserve.observability import render
+from flowserve.repository.repository import add_import_roots, scan_all
 from flowserve.spec.repository import Scan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import flowserve
+from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.cache import ResponseCache, cache_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ async def test_hit_answers_without_running_any_node(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "model_repository" / "simple", repo / "simple")
     config = repo / "simple" / "config.pbtxt"
     config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
-    engine = await flowserve.Engine.start(repo, cache_bytes=1 << 20)
+    engine = await flowserve.Engine.start(repo, settings=RepositorySettings(cache_bytes=1 << 20))
     try:
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         first = await engine.infer("simple", {"INPUT0": a, "INPUT1": a})
@@ -91,7 +92,7 @@ async def test_a_cached_node_runs_once_per_distinct_input(tmp_path: Path) -> Non
     import sys
 
     sys.path.insert(0, str(tmp_path))
-    engine = await flowserve.Engine.start(graphs=graphs, cache_bytes=1 << 20)
+    engine = await flowserve.Engine.start(graphs=graphs, settings=RepositorySettings(cache_bytes=1 << 20))
     try:
         import cached_nodes_mod
 

@@ -64,7 +64,7 @@ class HealthServicer:
         plane = self._plane
         if service in _SERVER_NAMES:
             return SERVING if plane.ready() else NOT_SERVING
-        if plane.engine.registry.has(service):
+        if plane.has_model(service):
             return SERVING if plane.ready() and plane.model_ready(service) else NOT_SERVING
         return None
 

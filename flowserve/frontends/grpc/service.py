@@ -162,7 +162,7 @@ class InferenceServicer:
     def _decoupled(self, request: InferRequest) -> bool:
         """Whether the model may send any number of responses (then the stream ends each request
         with an empty final response)."""
-        return bool(self._plane.engine.registry.get(request.model, request.version).decoupled)
+        return self._plane.is_decoupled(request.model, request.version)
 
     # ------------------------------------------------------------ health and metadata
 

@@ -23,6 +23,7 @@ import pytest
 from flowserve.core.errors import ErrorCode, FlowserveError, InvalidArgument
 from flowserve.dataplane.engine import Engine
 from flowserve.nodes.backends import BACKENDS, api, plugins, refresh_plugins
+from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.registry import State
 from flowserve.spec.triton import AUTOCOMPLETE
 
@@ -138,7 +139,7 @@ async def test_parallel_instance_and_model_loading(bk, stats, tmp_path, threads,
     slow = AFFINE + 'parameters { key: "load_delay_ms" value { string_value: "150" } }\n'
     bk.write_model(tmp_path, "slow", slow + "instance_group [ { kind: KIND_CPU count: 3 } ]\n")
     bk.write_model(tmp_path, "slow_b", slow + "instance_group [ { kind: KIND_CPU count: 1 } ]\n")
-    engine = await Engine.start([tmp_path], model_load_threads=threads)
+    engine = await Engine.start([tmp_path], settings=RepositorySettings(model_load_threads=threads))
     try:
         assert engine.registry.has("slow") and engine.registry.has("slow_b")
     finally:

@@ -22,7 +22,7 @@ import pytest
 
 import flowserve
 from flowserve.core.errors import InvalidArgument, Unavailable
-from flowserve.dataplane.remote import (
+from flowserve.repository.remote import (
     COMPLETE_MARKER,
     RemoteFile,
     RemoteOptions,
@@ -33,6 +33,7 @@ from flowserve.dataplane.remote import (
     settle_wait,
     unit_of,
 )
+from flowserve.repository.settings import RepositorySettings
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 SIMPLE_CONFIG = (BUNDLED_REPOSITORY / "simple" / "config.pbtxt").read_bytes()
@@ -221,7 +222,8 @@ async def test_engine_polls_a_memory_repository(memory_repo: tuple[Any, str]) ->
     fs.pipe(f"{root}/simple/config.pbtxt", SIMPLE_CONFIG)
     fs.pipe(f"{root}/simple/1/model.py", simple_model(0))
     engine = await flowserve.Engine.start(
-        f"memory://{root}", control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)
+        f"memory://{root}",
+        settings=RepositorySettings(control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)),
     )
     cache = engine.remote.root
     try:
@@ -300,7 +302,8 @@ async def test_serves_from_s3_and_picks_up_a_new_version_in_poll_mode(
     upload(fs, f"{repo}/simple/1/model.py", simple_model(0))
     url = f"s3://{s3_endpoint}/{repo}"  # Triton's form for an S3-compatible endpoint
     engine = await flowserve.Engine.start(
-        url, control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)
+        url,
+        settings=RepositorySettings(control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)),
     )
     try:
         assert await output0(engine) == 0
@@ -320,7 +323,8 @@ async def test_an_incomplete_upload_is_never_served(s3: tuple[Any, str], s3_endp
     upload(fs, f"{repo}/simple/1/model.py", simple_model(0))
     url = f"s3://{s3_endpoint}/{repo}"
     engine = await flowserve.Engine.start(
-        url, control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)
+        url,
+        settings=RepositorySettings(control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)),
     )
     try:
         # version 3 arrives in pieces: a large file first, then a second part, model.py last;
@@ -342,7 +346,10 @@ async def test_an_incomplete_upload_is_never_served(s3: tuple[Any, str], s3_endp
     upload(fs, f"{repo}/simple/1/{COMPLETE_MARKER}", b"")
     upload(fs, f"{repo}/simple/4/model.py", simple_model(4))
     engine = await flowserve.Engine.start(
-        url, control_mode="poll", poll_secs=3600, remote=RemoteOptions(complete="marker")
+        url,
+        settings=RepositorySettings(
+            control_mode="poll", poll_secs=3600, remote=RemoteOptions(complete="marker")
+        ),
     )
     try:
         assert engine.registry.versions("simple") == [1]
@@ -443,7 +450,10 @@ async def test_serves_from_azure_blob_storage(azurite: str, monkeypatch: pytest.
         upload(fs, f"{container}/repo/simple/config.pbtxt", SIMPLE_CONFIG)
         upload(fs, f"{container}/repo/simple/1/model.py", simple_model(0))
         engine = await flowserve.Engine.start(
-            f"az://{container}/repo", control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)
+            f"az://{container}/repo",
+            settings=RepositorySettings(
+                control_mode="poll", poll_secs=3600, remote=RemoteOptions(settle_s=0.0)
+            ),
         )
         try:
             assert await output0(engine) == 0

@@ -1,0 +1,442 @@
+"""The repository layer: what is served, and its life cycle.
+
+A :class:`Repository` scans model repositories (local, or mirrored from object storage by
+``repository/remote.py``) and graph folders, compiles them (``nodes/factory.py``), builds and
+starts their node objects, and keeps the :class:`~flowserve.runtime.registry.Registry` of loaded
+servables: load and unload (with config overrides), poll mode, and retiring replaced versions
+once their in-flight requests are done. It runs no request itself; the data plane above it
+(``dataplane/``) does, through the servables it finds here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+
+from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, SpecIssue
+from flowserve.core.node import Context, Node, TensorMap
+from flowserve.graph.plan import Plan
+from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
+from flowserve.nodes.loading import LOAD_THREADS, load_waves
+from flowserve.nodes.ratelimit import RATE_LIMITER, RateLimiter
+from flowserve.nodes.warmup import warm_up_graph
+from flowserve.repository.remote import resolve_repositories
+from flowserve.repository.settings import RepositorySettings
+from flowserve.runtime.cache import ResponseCache
+from flowserve.runtime.executor import Executor
+from flowserve.runtime.registry import Registry, State
+from flowserve.runtime.servable import Servable
+from flowserve.runtime.stats import ModelStats
+from flowserve.runtime.validate import validate_inputs
+from flowserve.spec.repository import Scan, fingerprint, override_scan, scan_graphs, scan_repository
+from flowserve.spec.schema import GraphSpec, ModelSpec, node_targets
+from flowserve.spec.triton import config_from_graph
+
+log = logging.getLogger("flowserve")
+
+PathLike = str | Path
+
+
+def _paths(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
+    if value is None:
+        return []
+    if isinstance(value, str | Path):
+        return [Path(value)]
+    return [Path(v) for v in value]
+
+
+def scan_all(repositories: Iterable[Path], graph_dirs: Iterable[Path]) -> Scan:
+    scan = Scan()
+    for repo in repositories:
+        scan.merge(scan_repository(repo))
+    for gdir in graph_dirs:
+        scan.merge(scan_graphs(gdir))
+    return scan
+
+
+def add_import_roots(graph_dirs: Iterable[Path]) -> None:
+    """Make ``nodes.x:Class`` importable: the folder holding a graphs folder is where its
+    ``nodes/`` lives (the repository layout), and the working directory is too."""
+    roots = [Path.cwd(), *(p.resolve().parent for p in graph_dirs)]
+    for root in roots:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+
+
+class Repository:
+    """Loads repositories and graphs and keeps what is loaded (see the module's docs, and
+    :mod:`flowserve.repository.settings` for the model control modes)."""
+
+    def __init__(
+        self,
+        model_repository: PathLike | Sequence[PathLike] | None = None,
+        graphs: PathLike | Sequence[PathLike] | None = None,
+        settings: RepositorySettings | None = None,
+        clock: Clock = MONOTONIC,
+        *,
+        rate_limiter: RateLimiter | None = None,
+    ) -> None:
+        self.settings = settings = settings or RepositorySettings()
+        self.clock = clock
+        # a repository URL (s3://...) is served from its local mirror (repository/remote.py)
+        sources = [model_repository] if isinstance(model_repository, str | Path) else model_repository or []
+        self.repositories, self.remote = resolve_repositories(
+            sources, settings.remote, lambda: self.clock.now_ns() / 1e9
+        )
+        # Triton's rate limiter (nodes/ratelimit.py); None: off
+        self.rate_limiter = rate_limiter
+        self.graph_dirs = _paths(graphs)
+        self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None
+        self.registry = Registry()
+        self.issues: list[SpecIssue] = []
+        self.models: dict[str, ModelSpec] = {}
+        self.graphs: dict[str, GraphSpec] = {}
+        self.plans: dict[str, Plan] = {}
+        self.fingerprints: dict[str, str] = {}
+        self.live = True
+        self._overrides: Path | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._reload_failures: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def control_mode(self) -> str:
+        return self.settings.control_mode
+
+    async def open(self) -> None:
+        """Load what the settings ask for at start (everything, unless ``explicit`` mode names
+        some); failures are logged and reported by the index, never fatal for the others. In
+        poll mode, start polling."""
+        add_import_roots(self.graph_dirs)
+        async with self._lock:
+            try:
+                await self.remote.sync(settle=True)
+            except BaseException:
+                self.remote.close()
+                raise
+            await self._load_from_scan(self.settings.loads_at_start())
+        if self.settings.control_mode == "poll":
+            self._poller = asyncio.create_task(self._poll_forever(), name="flowserve-poll")
+
+    # ---------------------------------------------------------------- loading
+
+    async def load_all(self) -> None:
+        async with self._lock:
+            await self.remote.sync(settle=True)
+            await self._load_from_scan(None)
+
+    async def _load_from_scan(self, wanted: set[str] | None) -> Scan:
+        """Scan everything and (re)load ``wanted`` (None: everything), plus whatever they use
+        that is not loaded yet."""
+        scan = scan_all(self.repositories, self.graph_dirs)
+        if wanted is None:
+            selected = set(graph_specs(scan)) | set(scan.failed)
+        else:
+            closure = self._closure(scan, wanted)
+            selected = {n for n in closure if n in wanted or not self.registry.has(n)}
+        subset = scan.subset(selected)
+        known = {n: p for n, p in self.plans.items() if self.registry.has(n) and n not in selected}
+        compiled = compile_all(subset, known)
+        self.issues = compiled.issues
+        self.models.update(subset.models)
+        self.graphs.update(subset.graphs)
+        for issue in compiled.issues:
+            log.error("%s", issue)
+        for name, reason in compiled.failed.items():
+            if not self.registry.has(name):
+                self.registry.mark(name, "", State.UNAVAILABLE, reason)
+        for name in compiled.order:
+            self.fingerprints[name] = fingerprint(scan.paths[name]) if name in scan.paths else ""
+        await self._load_concurrently(compiled.order, compiled.plans, subset)
+        if wanted is None:
+            return scan
+        for name in sorted(set(scan.paths) - selected - set(self.fingerprints)):
+            if not any(s.name == name for s in self.registry.index()):
+                self.registry.mark(name, "", State.UNAVAILABLE, "unloaded")
+        return scan
+
+    async def _load_concurrently(self, order: list[str], plans: dict[str, Plan], scan: Scan) -> None:
+        """Load ``order`` wave by wave (what uses nothing of its own wave), at most
+        ``model_load_threads`` at once; each replaced servable retires after its wave."""
+        specs = graph_specs(scan)
+        deps = {name: dependencies(specs[name]) for name in order if name in specs}
+        gate = asyncio.Semaphore(self.settings.model_load_threads)
+
+        async def one(name: str) -> list[Servable]:
+            LOAD_THREADS.set(self.settings.model_load_threads)  # this task's own context (nodes/loading.py)
+            RATE_LIMITER.set(self.rate_limiter)  # likewise for the backends' instances
+            async with gate:
+                return await self._load(name, plans[name])
+
+        for wave in load_waves(order, deps):
+            for old in await asyncio.gather(*(one(name) for name in wave)):
+                await self._retire(old)
+
+    def _closure(self, scan: Scan, wanted: set[str]) -> set[str]:
+        """``wanted`` plus every model or graph they use, transitively."""
+        specs = graph_specs(scan)
+        out: set[str] = set()
+        frontier = list(wanted)
+        while frontier:
+            name = frontier.pop()
+            if name in out:
+                continue
+            out.add(name)
+            if name in specs:
+                frontier.extend(dependencies(specs[name]))
+        return out
+
+    async def _load(self, name: str, plan: Plan) -> list[Servable]:
+        """Start every version of ``name`` and put them in the registry in one swap; versions
+        that fail are marked UNAVAILABLE with the reason. Returns what was replaced."""
+        model = self.models.get(name)
+        graph = self.graphs.get(name) if model is None else None
+        if model is not None:
+            versions = list(model.versions)
+            config = model.config
+            kind = "model" if model.graph is None else "ensemble"
+        else:
+            assert graph is not None
+            versions = [1]
+            config = config_from_graph(
+                graph, [o.tensor for o in plan.outputs], {n.name: n.outputs for n in plan.nodes}
+            )
+            kind = "graph"
+        cache = self._cache_for(name, model, graph)
+        loaded: list[Servable] = []
+        failed: dict[str, str] = {}
+        for version in versions:
+            stats = ModelStats()
+            started: list[Node] = []
+            try:
+                nodes = build_nodes(plan, self.registry, model, version, stats, self.clock, self.cache)
+                for node in nodes:
+                    try:
+                        await node.start()
+                    except Exception as exc:
+                        raise FlowserveError(f"node '{node.name}' failed to start: {_text(exc)}") from exc
+                    started.append(node)
+                executor = Executor(plan, nodes, self.clock)
+                if graph is not None and graph.warmup:
+                    await warm_up_graph(name, graph.warmup, plan.max_batch_size > 0, _runner(plan, executor))
+            except Exception as exc:
+                for node in started:
+                    await node.stop()
+                failed[str(version)] = _text(exc)
+                log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
+                continue
+            if executor.decoupled and graph is not None:
+                config.model_transaction_policy.decoupled = True  # clients must stream
+            loaded.append(
+                Servable(
+                    name=name,
+                    version=version,
+                    kind=kind,
+                    plan=plan,
+                    executor=executor,
+                    spec=model if model is not None else graph,  # type: ignore[arg-type]
+                    config=config,
+                    clock=self.clock,
+                    stats=stats,
+                    decoupled=executor.decoupled or (model is not None and model.decoupled),
+                    cache=cache,
+                )
+            )
+            log.info("loaded %s '%s' version %s", kind, name, version)
+        if failed and self.registry.has(name):
+            # a reload swaps in the new versions only when all of them loaded; until then the
+            # old ones keep serving
+            for servable in loaded:
+                await servable.stop()
+            reason = "; ".join(f"version {v}: {r}" for v, r in failed.items())
+            self._reload_failures[name] = reason
+            log.error("reload of '%s' failed, the loaded version keeps serving: %s", name, reason)
+            return []
+        self.plans[name] = plan
+        old = self.registry.replace(name, loaded)
+        for failed_version, reason in failed.items():
+            self.registry.mark(name, failed_version, State.UNAVAILABLE, reason)
+        return old
+
+    def _cache_for(self, name: str, model: ModelSpec | None, graph: GraphSpec | None) -> ResponseCache | None:
+        if model is not None:
+            config = model.config
+            wanted = bool(config.response_cache.enable)
+            if wanted and (model.decoupled or config.HasField("sequence_batching")):
+                log.warning("'%s': the response cache is not used for decoupled or sequence models", name)
+                return None
+        else:
+            wanted = graph is not None and graph.response_cache
+        if wanted and self.cache is None:
+            log.warning("'%s' enables the response cache, but the server has none (--cache-size)", name)
+        return self.cache if wanted else None
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """(Re)load one model or graph, and whatever it uses that is not loaded yet; optionally
+        with a config override and override files (``{"1/model.py": b"..."}``). Others keep
+        serving; the old versions finish their in-flight requests before they stop."""
+        async with self._lock:
+            self._reload_failures.pop(name, None)
+            if config_json is None and not files:
+                await self.remote.sync(settle=True)
+                scan = await self._load_from_scan({name})
+                if name not in scan.paths:
+                    raise NotFound(f"failed to load '{name}': no model directory or graph file of that name")
+            else:
+                await self._load_override(name, config_json, files)
+        reload_failure = self._reload_failures.pop(name, None)
+        if reload_failure is not None:
+            raise InvalidArgument(
+                f"failed to load '{name}': {reload_failure} (the loaded version keeps serving)"
+            )
+        if not self.registry.has(name):
+            reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
+            raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")
+
+    async def _load_override(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        if config_json is None:
+            raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
+        model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
+        scan = override_scan(name, model_dir, config_json, files or {}, self._override_root())
+        missing = {d for spec in graph_specs(scan).values() for d in dependencies(spec)} - {
+            n for n in self.plans if self.registry.has(n)
+        }
+        if missing:
+            await self._load_from_scan(missing)
+        known = {n: p for n, p in self.plans.items() if n != name and self.registry.has(n)}
+        compiled = compile_all(scan, known)
+        if name not in compiled.plans:
+            reason = "; ".join(str(i) for i in compiled.issues) or compiled.failed.get(name, "invalid")
+            raise InvalidArgument(f"failed to load '{name}': {reason}")
+        self.models.pop(name, None)
+        self.graphs.pop(name, None)
+        self.models.update(scan.models)
+        self.graphs.update(scan.graphs)
+        self.fingerprints.pop(name, None)
+        await self._load_concurrently([name], compiled.plans, scan)
+
+    def _override_root(self) -> Path:
+        if self._overrides is None:
+            self._overrides = Path(tempfile.mkdtemp(prefix="flowserve-overrides-"))
+        return self._overrides
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> list[str]:
+        """Unload ``name`` (and, if asked, every graph that uses it); returns what was unloaded."""
+        if not self.registry.has(name) and not any(s.name == name for s in self.registry.index()):
+            raise NotFound(f"failed to unload '{name}': unknown model")
+        names = [name]
+        if unload_dependents:
+            names += self.dependents(name)
+        async with self._lock:
+            for n in names:
+                self.fingerprints.pop(n, None)
+                await self._retire(self.registry.remove(n))
+        return names
+
+    async def poll_once(self) -> tuple[list[str], list[str]]:
+        """Re-scan the repositories: load what was added or changed, unload what was removed.
+        Returns (loaded, unloaded) names."""
+        async with self._lock:
+            await self.remote.sync(settle=False)  # the previous poll was the first listing
+            scan = scan_all(self.repositories, self.graph_dirs)
+            current = {n: fingerprint(p) for n, p in scan.paths.items()}
+            changed = {n for n, fp in current.items() if self.fingerprints.get(n) != fp}
+            removed = [n for n in self.fingerprints if n not in current]
+            for name in removed:
+                self.fingerprints.pop(name, None)
+                await self._retire(self.registry.remove(name))
+            if changed:
+                await self._load_from_scan(changed)
+                # an entry that failed keeps its fingerprint, so it is retried only when it changes
+                for name in changed:
+                    self.fingerprints.setdefault(name, current[name])
+        if changed or removed:
+            log.info("repository poll: loaded %s, unloaded %s", sorted(changed), removed)
+        return sorted(changed), removed
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # a bad scan must never stop the polling
+                log.exception("repository poll failed")
+
+    def dependents(self, name: str) -> list[str]:
+        """Loaded graphs that use ``name``, directly or through other graphs."""
+        found: list[str] = []
+        frontier = [name]
+        while frontier:
+            target = frontier.pop()
+            for other, plan in self.plans.items():
+                if other in found or other == name or not self.registry.has(other):
+                    continue
+                if any(target in node_targets(n.spec, shadow=False) for n in plan.nodes):
+                    found.append(other)
+                    frontier.append(other)
+        return found
+
+    async def _retire(self, servables: list[Servable], grace_s: float = 30.0) -> None:
+        """Stop replaced servables once their in-flight requests are done (or after grace_s)."""
+        for servable in servables:
+            if not await servable.drained(grace_s):
+                log.warning(
+                    "%s version %d: stopped after %.0f s with %d requests in flight",
+                    servable.name,
+                    servable.version,
+                    grace_s,
+                    servable.stats.pending,
+                )
+            await servable.stop()
+
+    async def stop(self) -> None:
+        self.live = False
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for name in {s.name for s in self.registry.servables()}:
+            for servable in self.registry.remove(name):
+                await servable.stop()
+        if self._overrides is not None:
+            shutil.rmtree(self._overrides, ignore_errors=True)
+        self.remote.close()
+
+    # ---------------------------------------------------------------- inference
+
+    def ready(self) -> bool:
+        return self.live
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.registry.ready(name, version)
+
+
+def _runner(plan: Plan, executor: Executor) -> Callable[[TensorMap], Awaitable[object]]:
+    """Run one warmup request through a graph's executor (validated like a request)."""
+
+    async def run(inputs: TensorMap) -> object:
+        validate_inputs(plan, inputs)
+        ctx = Context(request_id="warmup")
+        if executor.decoupled:
+            return [out async for out in executor.stream(inputs, ctx)]
+        return await executor.run(inputs, ctx)
+
+    return run
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, FlowserveError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"
