@@ -1,0 +1,1 @@
+"""Many worker processes as one server (issue 19)."""
