@@ -7,6 +7,11 @@ gRPC and HTTP at each concurrency, and stops every server whatever happens (erro
 
     python benchmarks/compare.py            # full run: concurrency 1, 8, 32; 3 repeats (~11 min)
     python benchmarks/compare.py --quick    # concurrency 8 only, 2 repeats (~3 min)
+    python benchmarks/compare.py --quick --baseline /tmp/old   # this tree vs another flowserve tree
+
+With ``--baseline TREE`` the reference side of every workload is flowserve itself, run from the
+source tree TREE (e.g. ``git worktree add /tmp/old HEAD~3``) on the same models: the ratio is
+new / old, measured in one run, which is how a refactoring shows it costs nothing.
 
 Within a repeat, the two sides of each comparison run back to back and their order alternates
 from one repeat to the next, so a load change on a shared machine hits both alike. The table
@@ -44,16 +49,20 @@ RESULTS = HERE / "results"
 Run = tuple[str, str]
 
 
-def runs_of(workloads: Sequence[Workload]) -> list[tuple[Run, Run]]:
-    """(reference run, flowserve run) per workload; a run shared by two workloads is measured once."""
+def runs_of(workloads: Sequence[Workload], baseline: bool = False) -> list[tuple[Run, Run]]:
+    """(reference run, flowserve run) per workload; a run shared by two workloads is measured once.
+    ``baseline``: the reference is flowserve from the baseline tree, on the same model."""
     pairs = []
     for w in workloads:
-        reference = ("bare", "add_sub") if w.reference == "bare" else ("triton", w.triton_model)
+        if baseline:
+            reference = ("baseline", w.flowserve_model)
+        else:
+            reference = ("bare", "add_sub") if w.reference == "bare" else ("triton", w.triton_model)
         pairs.append((reference, ("flowserve", w.flowserve_model)))
     return pairs
 
 
-def start_servers(group: ServerGroup, sides: set[str]) -> dict[str, Server]:
+def start_servers(group: ServerGroup, sides: set[str], baseline: Path | None = None) -> dict[str, Server]:
     repos = build_repositories(WORK / "repos")
     servers: dict[str, Server] = {}
     if "triton" in sides:
@@ -63,13 +72,18 @@ def start_servers(group: ServerGroup, sides: set[str]) -> dict[str, Server]:
         servers["triton"] = group.start(
             "triton", triton.command(repos.triton.resolve(), http, grpc), http, grpc, ready, triton.env()
         )
-    if "flowserve" in sides:
+    trees = {"flowserve": HERE.parent, "baseline": baseline}
+    for side in ("flowserve", "baseline"):
+        tree = trees[side]
+        if side not in sides or tree is None:
+            continue
         http, grpc = free_port(), free_port()
         command = flowserve_command(repos.flowserve.resolve(), repos.graphs, http, grpc)
         ready = [f"/v2/models/{m}/ready" for m in ("add_sub", "pipeline", "pipeline_graph", "mlp_onnx")]
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
-        servers["flowserve"] = group.start("flowserve", command, http, grpc, ready, env)
+        env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
+        # the tree's own working directory, so an installed flowserve does not shadow it
+        servers[side] = group.start(side, command, http, grpc, ready, env, cwd=tree)
     if "bare" in sides:
         http, grpc = free_port(), free_port()
         bare_http = group.start("bare_http", bare_command("http", http), http, -1)
@@ -86,7 +100,7 @@ def server_for(servers: dict[str, Server], side: str, protocol: str) -> Server:
 def run_all(args: argparse.Namespace, binary: Path, servers: dict[str, Server]) -> list[dict[str, Any]]:
     settings = Settings(window_ms=args.window_ms, stability=args.stability, max_trials=args.max_trials)
     workloads = [WORKLOADS[name] for name in args.workloads]
-    pairs = runs_of(workloads)
+    pairs = runs_of(workloads, args.baseline is not None)
     records: list[dict[str, Any]] = []
     total = args.repeats * len(args.protocols) * len(args.concurrency) * len({r for p in pairs for r in p})
     done = 0
@@ -142,7 +156,7 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> list[d
     rows = []
     for name in args.workloads:
         workload = WORKLOADS[name]
-        (ref_side, ref_model), (fs_side, fs_model) = runs_of([workload])[0]
+        (ref_side, ref_model), (fs_side, fs_model) = runs_of([workload], args.baseline is not None)[0]
         for protocol in args.protocols:
             for concurrency in args.concurrency:
 
@@ -255,10 +269,17 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--show", type=Path, metavar="JSON", help="print the table of a recorded run and exit"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="compare against flowserve from this source tree instead of Triton (ratio: this tree / TREE)",
+    )
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.concurrency = args.concurrency or ([8] if args.quick else [1, 8, 32])
-    args.output = args.output or RESULTS / ("compare-quick.json" if args.quick else "compare.json")
+    name = "compare-baseline" if args.baseline is not None else "compare"
+    args.output = args.output or RESULTS / (f"{name}-quick.json" if args.quick else f"{name}.json")
     return args
 
 
@@ -270,16 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     binary = ensure_perf_analyzer()
     workloads = [WORKLOADS[n] for n in args.workloads]
-    sides = {side for pair in runs_of(workloads) for side, _ in pair}
+    sides = {side for pair in runs_of(workloads, args.baseline is not None) for side, _ in pair}
     started = time.time()
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
         print("starting servers ...", flush=True)
-        servers = start_servers(group, sides)
+        servers = start_servers(group, sides, args.baseline)
         records = run_all(args, binary, servers)
     rows = summarize(args, records)
     print()
     print(render(rows))
     benchmark = "flowserve vs Triton 2.51 (nvidia-pytriton), perf_analyzer 2.40, same machine and run"
+    if args.baseline is not None:
+        benchmark = f"flowserve vs flowserve from {args.baseline}, perf_analyzer 2.40, same machine and run"
     settings = {
         "repeats": args.repeats,
         "concurrency": args.concurrency,

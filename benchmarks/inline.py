@@ -4,8 +4,8 @@ seconds after a warm-up, uvloop, the two settings alternating for ``--rounds`` r
 
 Models: the bundled ``simple`` (INT32 add/sub, Python backend, no batcher) and the benchmark's
 ``add_sub`` (FP32, dynamic batching with a 500 us queue delay). "thread" is
-``configure_inline(0)`` (every call handed to the instance's thread), "inline" the default
-threshold (``flowserve.nodes.instances``).
+``RepositorySettings(inline_threshold_us=0)`` (every call handed to the instance's thread),
+"inline" the default threshold.
 
     python benchmarks/inline.py                 # about 1 minute
     python benchmarks/inline.py --rounds 5 --duration 5
@@ -37,9 +37,8 @@ sys.path.insert(0, str(ROOT))
 from workloads import build_repositories  # noqa: E402
 
 import flowserve  # noqa: E402
-from flowserve.nodes import instances  # noqa: E402
 
-DEFAULT_THRESHOLD_US = instances._inline_threshold_ns / 1000
+DEFAULT_THRESHOLD_US = flowserve.RepositorySettings().inline_threshold_us
 
 MODELS: dict[str, tuple[str, dict[str, np.ndarray]]] = {
     "simple": ("bundled", {"INPUT0": np.ones((1, 16), np.int32), "INPUT1": np.ones((1, 16), np.int32)}),
@@ -64,8 +63,8 @@ async def load(engine: flowserve.Engine, model: str, inputs: dict[str, np.ndarra
 async def one_run(
     repos: list[Path], model: str, threshold_us: float, args: argparse.Namespace
 ) -> dict[str, Any]:
-    instances.configure_inline(threshold_us)  # pools created from now on
-    engine = await flowserve.Engine.start(repos)
+    settings = flowserve.RepositorySettings(inline_threshold_us=threshold_us)
+    engine = await flowserve.Engine.start(repos, settings=settings)
     try:
         inputs = MODELS[model][1]
         await load(engine, model, inputs, args.concurrency, args.warmup)

@@ -135,13 +135,20 @@ class ServerGroup:
         ready_paths: Sequence[str] = ("/v2/health/ready",),
         env: dict[str, str] | None = None,
         timeout_s: float = 120.0,
+        cwd: Path | None = None,
     ) -> Server:
-        """Start ``command`` in a new process group and wait until every ``ready_paths`` answers
-        200 on its HTTP port and its gRPC port accepts connections."""
+        """Start ``command`` (in ``cwd``, default the repository root) in a new process group and
+        wait until every ``ready_paths`` answers 200 on its HTTP port and its gRPC port accepts
+        connections."""
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                list(command), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                list(command),
+                cwd=cwd or ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         server = Server(name, process, http_port, grpc_port, log, list(ready_paths))
         self.servers.append(server)

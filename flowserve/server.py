@@ -23,7 +23,6 @@ from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import ByteBudget, Guards
 from flowserve.dataplane.plane import DataPlane
 from flowserve.dataplane.shm import SharedMemoryRegistry
-from flowserve.nodes.instances import configure_inline
 from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.settings import Settings
 
@@ -58,7 +57,6 @@ class Server:
 
     async def start(self) -> DataPlane:
         opts = self.options
-        configure_inline(opts.repository.inline_threshold_us)
         engine = await Engine.start(
             opts.model_repositories,
             opts.graph_dirs,

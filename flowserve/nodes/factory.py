@@ -24,6 +24,7 @@ from flowserve.graph.plan import Plan, PlanNode, Signature
 from flowserve.nodes.batching import Batcher
 from flowserve.nodes.cached import CachedNode
 from flowserve.nodes.kinds import Known, Place, builder
+from flowserve.nodes.loading import LoadSettings
 from flowserve.nodes.step import StepNode
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.registry import Registry
@@ -113,14 +114,17 @@ def build_nodes(
     stats: ModelStats,
     clock: Clock = MONOTONIC,
     cache: ResponseCache | None = None,
+    load: LoadSettings | None = None,
 ) -> list[Node]:
     """The node objects of ``plan``, aligned with ``plan.nodes`` (not started). ``cache``
-    serves the nodes whose spec asks for it (``cache: true``)."""
+    serves the nodes whose spec asks for it (``cache: true``); ``load``: the repository's load
+    settings, handed to every node built."""
     nodes: list[Node] = []
+    place_load = load or LoadSettings()
     for pnode in plan.nodes:
         spec = pnode.spec
         try:
-            node = _build(spec, plan, registry, model, version, stats, clock)
+            node = _build(spec, plan, registry, model, version, stats, clock, place_load)
             node = _batched(node, pnode, model, stats, clock)
             nodes.append(_cached(node, plan.name, spec, cache))
         except FlowserveError as exc:
@@ -136,8 +140,9 @@ def _build(
     version: int,
     stats: ModelStats,
     clock: Clock,
+    load: LoadSettings,
 ) -> Node:
-    return builder(spec).build(spec, Place(plan, registry, model, version, stats, clock))
+    return builder(spec).build(spec, Place(plan, registry, model, version, stats, clock, load))
 
 
 def _cached(node: Node, graph: str, spec: NodeSpec, cache: ResponseCache | None) -> Node:

@@ -8,7 +8,7 @@ A call waits for a free instance, so an instance runs one batch at a time, as in
 Handing a call to a thread and back costs 100 to 200 us on a small machine, several times
 the work of a cheap Python node or model. A pool created with ``inline=True`` therefore runs a
 call directly on the event loop while its measured execution time stays under a threshold
-(default 1 ms; ``configure_inline``), and on the worker thread otherwise: see
+(default 1 ms: ``LoadSettings.inline_threshold_us``), and on the worker thread otherwise: see
 :class:`InlinePolicy`. Python work holds the GIL, so on a thread it does not leave the loop
 free anyway; the threshold only sends calls that block (I/O, sleeps, long native work) to
 their threads. Measured in-process (benchmarks/inline.py, benchmarks/README.md): the bundled
@@ -36,13 +36,7 @@ R = TypeVar("R")  # what the call returns
 
 log = logging.getLogger("flowserve")
 
-_inline_threshold_ns = 1_000_000
-
-
-def configure_inline(threshold_us: float) -> None:
-    """Set the inline threshold for pools created afterwards (0 turns inline execution off)."""
-    global _inline_threshold_ns
-    _inline_threshold_ns = int(threshold_us * 1000)
+DEFAULT_INLINE_THRESHOLD_NS = 1_000_000
 
 
 class InlinePolicy:
@@ -137,9 +131,13 @@ class Worker:
 class InstancePool(Generic[T]):
     """N instances (each paired with a worker thread); a call takes a free one."""
 
-    def __init__(self, name: str, inline: bool = False) -> None:
+    def __init__(
+        self, name: str, inline: bool = False, threshold_ns: int = DEFAULT_INLINE_THRESHOLD_NS
+    ) -> None:
+        """``inline``: cheap calls may run on the event loop, while they take under
+        ``threshold_ns`` (0: never)."""
         self.name = name
-        self.policy = InlinePolicy(_inline_threshold_ns if inline else 0)
+        self.policy = InlinePolicy(threshold_ns if inline else 0)
         self._free: list[tuple[T, Worker]] = []
         self._all: list[tuple[T, Worker]] = []
         self._sem: asyncio.Semaphore | None = None

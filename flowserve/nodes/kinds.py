@@ -20,6 +20,7 @@ from flowserve.core.node import Node
 from flowserve.graph.plan import Plan, Signature
 from flowserve.nodes.backends import backend_class
 from flowserve.nodes.backends.base import backend_signature
+from flowserve.nodes.loading import LoadSettings
 from flowserve.nodes.python import PythonNode, python_signature
 from flowserve.nodes.sequence import SequenceBatcher
 from flowserve.nodes.split import SplitNode, split_signature
@@ -44,7 +45,8 @@ class Known:
 @dataclass(frozen=True, slots=True)
 class Place:
     """Where a node object is built: its plan, the server's registry, and for a repository
-    model's own node the model, version, statistics and clock."""
+    model's own node the model, version, statistics and clock; ``load``: the repository's load
+    settings (load threads, inline threshold, rate limiter)."""
 
     plan: Plan
     registry: Registry
@@ -52,6 +54,7 @@ class Place:
     version: int
     stats: ModelStats
     clock: Clock
+    load: LoadSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ def _backend(node: NodeSpec, at: Place) -> Node:
     model = at.model
     assert model is not None
     backend_type = backend_class(model.backend, model.name)
-    backend = backend_type(model, at.version, at.stats, at.clock, registry=at.registry)
+    backend = backend_type(model, at.version, at.stats, at.clock, registry=at.registry, load=at.load)
     sequence = sequence_from_config(model.config, Path(model.versions[at.version]).parent)
     if sequence is not None:
         return SequenceBatcher(backend, sequence, model.max_batch_size, at.clock)
@@ -86,7 +89,7 @@ BUILDERS: dict[str, Builder] = {
     "model": Builder(_step_signature, _step),
     "python": Builder(
         lambda node, _: python_signature(node),
-        lambda node, at: PythonNode(node, at.plan.name),
+        lambda node, at: PythonNode(node, at.plan.name, at.load),
     ),
     "switch": Builder(lambda node, _: switch_signature(node, None), lambda node, _: SwitchNode(node)),
     "graph": Builder(_step_signature, _step),

@@ -1,25 +1,33 @@
-"""How much loading runs at once (Triton's ``--model-load-thread-count``, default 4).
+"""What the node objects of one load are built with, and how much loading runs at once.
 
-The engine loads models that do not depend on each other concurrently, at most
-``load_threads`` at a time, and a backend that allows parallel instance loading
-(``BackendNode.parallel_instance_loading``) creates up to ``load_threads`` of its instances at
-once, each on its own instance thread. The engine publishes its setting for the duration of a
-load through :data:`LOAD_THREADS` (a context variable, so concurrent engines and loads do not
-see each other's); outside a load it reads as the default.
+The repository loads models that do not depend on each other concurrently, at most
+``load_threads`` at a time (Triton's ``--model-load-thread-count``), and a backend that allows
+parallel instance loading (``BackendNode.parallel_instance_loading``) creates up to
+``load_threads`` of its instances at once, each on its own instance thread. The repository hands
+its :class:`LoadSettings` to every node it builds (``nodes/factory.py`` ``build_nodes``), so two
+engines in one process never see each other's settings and nothing is read from a global.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-DEFAULT_LOAD_THREADS = 4
+if TYPE_CHECKING:
+    from flowserve.nodes.ratelimit import RateLimiter
 
-LOAD_THREADS: ContextVar[int] = ContextVar("flowserve_load_threads", default=DEFAULT_LOAD_THREADS)
 
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    load_threads: int = 4
+    # Python work runs on the event loop while its calls take less than this (nodes/instances.py)
+    inline_threshold_us: float = 1000.0
+    # Triton's rate limiter, when the server has one (nodes/ratelimit.py)
+    rate_limiter: RateLimiter | None = None
 
-def load_threads() -> int:
-    """The loading concurrency in effect here (>= 1)."""
-    return max(LOAD_THREADS.get(), 1)
+    @property
+    def inline_threshold_ns(self) -> int:
+        return int(self.inline_threshold_us * 1000)
 
 
 def load_waves(order: list[str], deps: dict[str, set[str]]) -> list[list[str]]:

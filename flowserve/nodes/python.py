@@ -25,6 +25,7 @@ response (reach it through a streaming API).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import threading
@@ -36,6 +37,7 @@ from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.nodes.instances import InstancePool, Worker
+from flowserve.nodes.loading import LoadSettings
 from flowserve.spec.schema import NodeSpec, TensorSpec
 
 
@@ -99,7 +101,7 @@ def python_signature(spec: NodeSpec) -> Signature:
 
 
 class PythonNode(Node):
-    def __init__(self, spec: NodeSpec, graph: str) -> None:
+    def __init__(self, spec: NodeSpec, graph: str, load: LoadSettings | None = None) -> None:
         self.name = spec.name
         self.spec = spec
         self.graph = graph
@@ -120,7 +122,9 @@ class PythonNode(Node):
                 f"node '{spec.name}': an isolated node needs a plain (not async, not generator) execute"
             )
         self.pool: InstancePool[Any] = InstancePool(
-            f"{graph}.{spec.name}", inline=inline and not self.isolated
+            f"{graph}.{spec.name}",
+            inline=inline and not self.isolated,
+            threshold_ns=(load or LoadSettings()).inline_threshold_ns,
         )
 
     async def start(self) -> None:
@@ -160,8 +164,10 @@ class PythonNode(Node):
         args = (inputs, ctx) if self._with_ctx else (inputs,)
         async with self.pool.lease() as (obj, worker):
             if self._async_gen:
-                async for item in obj.execute(*args):
-                    yield item
+                # closed here when the stream is abandoned, not later by the collector
+                async with contextlib.aclosing(obj.execute(*args)) as items:
+                    async for item in items:
+                        yield item
                 return
             async for item in _drain_on_thread(worker, lambda: obj.execute(*args)):
                 yield item

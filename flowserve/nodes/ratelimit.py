@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from flowserve.core.errors import InvalidArgument
@@ -230,11 +229,9 @@ class RateLimiter:
 
 
 # The engine's limiter, published to backends while they load (None: rate limiting is off).
-RATE_LIMITER: ContextVar[RateLimiter | None] = ContextVar("flowserve_rate_limiter", default=None)
 
 
 __all__ = [
-    "RATE_LIMITER",
     "RATE_LIMIT_MODES",
     "RateLimiter",
     "ResourceLimit",

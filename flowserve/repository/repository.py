@@ -23,9 +23,10 @@ from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, SpecIssue
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
+from flowserve.nodes.backends import autocompletions
 from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
-from flowserve.nodes.loading import LOAD_THREADS, load_waves
-from flowserve.nodes.ratelimit import RATE_LIMITER, RateLimiter
+from flowserve.nodes.loading import LoadSettings, load_waves
+from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.nodes.warmup import warm_up_graph
 from flowserve.repository.remote import resolve_repositories
 from flowserve.repository.settings import RepositorySettings
@@ -35,6 +36,7 @@ from flowserve.runtime.registry import Registry, State
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import ModelStats
 from flowserve.runtime.validate import validate_inputs
+from flowserve.spec.model_config import mark_decoupled
 from flowserve.spec.repository import Scan, fingerprint, override_scan, scan_graphs, scan_repository
 from flowserve.spec.schema import GraphSpec, ModelSpec, node_targets
 from flowserve.spec.triton import config_from_graph
@@ -54,8 +56,9 @@ def _paths(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
 
 def scan_all(repositories: Iterable[Path], graph_dirs: Iterable[Path]) -> Scan:
     scan = Scan()
+    completions = autocompletions()  # the backends' config auto-complete hooks
     for repo in repositories:
-        scan.merge(scan_repository(repo))
+        scan.merge(scan_repository(repo, completions))
     for gdir in graph_dirs:
         scan.merge(scan_graphs(gdir))
     return scan
@@ -92,6 +95,10 @@ class Repository:
         )
         # Triton's rate limiter (nodes/ratelimit.py); None: off
         self.rate_limiter = rate_limiter
+        # what every node built here is given (nodes/loading.py)
+        self.load_settings = LoadSettings(
+            settings.model_load_threads, settings.inline_threshold_us, rate_limiter
+        )
         self.graph_dirs = _paths(graphs)
         self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None
         self.registry = Registry()
@@ -170,8 +177,6 @@ class Repository:
         gate = asyncio.Semaphore(self.settings.model_load_threads)
 
         async def one(name: str) -> list[Servable]:
-            LOAD_THREADS.set(self.settings.model_load_threads)  # this task's own context (nodes/loading.py)
-            RATE_LIMITER.set(self.rate_limiter)  # likewise for the backends' instances
             async with gate:
                 return await self._load(name, plans[name])
 
@@ -202,8 +207,10 @@ class Repository:
             versions = list(model.versions)
             config = model.config
             kind = "model" if model.graph is None else "ensemble"
+            spec: ModelSpec | GraphSpec = model
         else:
             assert graph is not None
+            spec = graph
             versions = [1]
             config = config_from_graph(
                 graph, [o.tensor for o in plan.outputs], {n.name: n.outputs for n in plan.nodes}
@@ -216,7 +223,9 @@ class Repository:
             stats = ModelStats()
             started: list[Node] = []
             try:
-                nodes = build_nodes(plan, self.registry, model, version, stats, self.clock, self.cache)
+                nodes = build_nodes(
+                    plan, self.registry, model, version, stats, self.clock, self.cache, self.load_settings
+                )
                 for node in nodes:
                     try:
                         await node.start()
@@ -233,7 +242,7 @@ class Repository:
                 log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
                 continue
             if executor.decoupled and graph is not None:
-                config.model_transaction_policy.decoupled = True  # clients must stream
+                mark_decoupled(config)  # clients must stream
             loaded.append(
                 Servable(
                     name=name,
@@ -241,7 +250,7 @@ class Repository:
                     kind=kind,
                     plan=plan,
                     executor=executor,
-                    spec=model if model is not None else graph,  # type: ignore[arg-type]
+                    spec=spec,
                     config=config,
                     clock=self.clock,
                     stats=stats,
@@ -308,7 +317,9 @@ class Repository:
         if config_json is None:
             raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
         model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
-        scan = override_scan(name, model_dir, config_json, files or {}, self._override_root())
+        scan = override_scan(
+            name, model_dir, config_json, files or {}, self._override_root(), autocompletions()
+        )
         missing = {d for spec in graph_specs(scan).values() for d in dependencies(spec)} - {
             n for n in self.plans if self.registry.has(n)
         }

@@ -12,7 +12,7 @@ from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, Sp
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import GraphSpec, ModelSpec
-from flowserve.spec.triton import CONFIG_FILES, model_spec, read_config
+from flowserve.spec.triton import CONFIG_FILES, NO_COMPLETIONS, AutoCompletions, model_spec, read_config
 
 
 @dataclass
@@ -66,8 +66,9 @@ class Scan:
         table[name] = spec
 
 
-def scan_model(model_dir: Path) -> Scan:
-    """Read one model directory of a repository."""
+def scan_model(model_dir: Path, completions: AutoCompletions = NO_COMPLETIONS) -> Scan:
+    """Read one model directory of a repository (``completions``: the backends' auto-complete
+    hooks, flowserve.nodes.backends.autocompletions())."""
     scan = Scan()
     name = model_dir.name
     scan.paths[name] = model_dir
@@ -76,7 +77,7 @@ def scan_model(model_dir: Path) -> Scan:
         config, config_file = read_config(model_dir)
         source = config_file or source
         issues: list[SpecIssue] = []
-        spec = model_spec(model_dir, config, source, issues)
+        spec = model_spec(model_dir, config, source, issues, completions)
     except FlowserveError as exc:
         issues, spec = [SpecIssue(source, exc.message)], None
     except OSError as exc:
@@ -85,15 +86,15 @@ def scan_model(model_dir: Path) -> Scan:
     return scan
 
 
-def scan_repository(root: str | Path) -> Scan:
-    """Every model directory of a Triton-layout repository."""
+def scan_repository(root: str | Path, completions: AutoCompletions = NO_COMPLETIONS) -> Scan:
+    """Every model directory of a Triton-layout repository (``completions``: see scan_model)."""
     root = Path(root)
     scan = Scan()
     if not root.is_dir():
         scan.issues.append(SpecIssue(str(root), "model repository is not a directory"))
         return scan
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        scan.merge(scan_model(model_dir))
+        scan.merge(scan_model(model_dir, completions))
     return scan
 
 
@@ -125,7 +126,12 @@ def scan_graphs(root: str | Path) -> Scan:
 
 
 def override_scan(
-    name: str, model_dir: Path | None, config_json: str, files: dict[str, bytes], root: Path
+    name: str,
+    model_dir: Path | None,
+    config_json: str,
+    files: dict[str, bytes],
+    root: Path,
+    completions: AutoCompletions = NO_COMPLETIONS,
 ) -> Scan:
     """A model loaded with a config override (and maybe files), as Triton's load API does.
 
@@ -147,7 +153,7 @@ def override_scan(
     check_override_paths(name, model_dir, config)
     scan = Scan()
     issues: list[SpecIssue] = []
-    spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues)
+    spec = model_spec(model_dir, config, f"{model_dir} (config override)", issues, completions)
     scan.add_model(name, spec, issues)
     return scan
 

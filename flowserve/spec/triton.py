@@ -8,9 +8,10 @@ uses, shipped by ``tritonclient.grpc.model_config_pb2``), then translated. An en
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -91,11 +92,13 @@ class Completion:
 
 
 # backend -> auto-complete hook: (ModelConfig, model directory, served version directories)
-# -> Completion or None (nothing to add). Backends register theirs (flowserve.nodes.backends
-# does, so framework imports stay there); the spec layer only calls them, before the config is
-# translated, so graph validation sees the model's real signature.
+# -> Completion or None (nothing to add). The backends provide them
+# (flowserve.nodes.backends.autocompletions(), so framework imports stay there) and the
+# repository layer passes them in explicitly; the spec layer only calls them, before the config
+# is translated, so graph validation sees the model's real signature.
 AutoComplete = Callable[[ModelConfig, Path, list[Path]], "Completion | None"]
-AUTOCOMPLETE: dict[str, AutoComplete] = {}
+AutoCompletions = Mapping[str, AutoComplete]
+NO_COMPLETIONS: AutoCompletions = MappingProxyType({})
 
 
 def read_config(model_dir: Path) -> tuple[ModelConfig, str | None]:
@@ -220,9 +223,14 @@ def batching_from_config(config: ModelConfig) -> BatchingSpec | None:
 
 
 def model_spec(
-    model_dir: Path, config: ModelConfig, source: str, issues: list[SpecIssue]
+    model_dir: Path,
+    config: ModelConfig,
+    source: str,
+    issues: list[SpecIssue],
+    completions: AutoCompletions = NO_COMPLETIONS,
 ) -> ModelSpec | None:
-    """Translate one repository model; problems are appended to ``issues``."""
+    """Translate one repository model; problems are appended to ``issues``. ``completions``:
+    the backends' auto-complete hooks (none: the config is taken as written)."""
     name = model_dir.name
     if config.name and config.name != name:
         issues.append(
@@ -262,7 +270,7 @@ def model_spec(
         return None
     if not config.platform and backend in BACKEND_PLATFORMS:
         config.platform = BACKEND_PLATFORMS[backend]
-    if not auto_complete(config, backend, model_dir, versions, source, issues):
+    if not auto_complete(config, backend, model_dir, versions, source, issues, completions):
         return None
     try:
         inputs = tuple(input_from_config(t) for t in config.input)
@@ -345,9 +353,10 @@ def auto_complete(
     versions: dict[int, str],
     source: str,
     issues: list[SpecIssue],
+    completions: AutoCompletions = NO_COMPLETIONS,
 ) -> bool:
     """Run the backend's auto-complete hook, if any, and fold its result into ``config``."""
-    hook = AUTOCOMPLETE.get(backend)
+    hook = completions.get(backend)
     if hook is None:
         return True
     try:

@@ -19,7 +19,7 @@ import pytest
 
 from flowserve.core.node import TensorMap
 from flowserve.dataplane.engine import Engine
-from flowserve.nodes.backends import BACKENDS
+from flowserve.nodes.backends import BACKENDS, autocompletions
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.nodes.instances import InstancePool
 from flowserve.nodes.loading import load_waves
@@ -216,7 +216,7 @@ def test_invalid_samples_are_reported_when_scanning(tmp_path: Path) -> None:
     }
     for name, text in cases.items():
         model_dir = write_model(tmp_path, name, PROBE + text)
-        scan = scan_model(model_dir)
+        scan = scan_model(model_dir, autocompletions())
         issues = "; ".join(str(i) for i in scan.issues)
         assert name in scan.failed, name
         assert expected[name] in issues and "model_warmup[0]" in issues, issues
@@ -229,7 +229,7 @@ def test_ensembles_cannot_warm_up(tmp_path: Path) -> None:
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
         'ensemble_scheduling { step [ { model_name: "probe" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n'
     ) + sample("s", "zero_data: true")
-    scan = scan_model(write_model(tmp_path, "ens", config))
+    scan = scan_model(write_model(tmp_path, "ens", config), autocompletions())
     assert "an ensemble cannot have model_warmup" in "; ".join(str(i) for i in scan.issues)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 import flowserve
 from flowserve.core.errors import InvalidArgument
+from flowserve.nodes.backends import autocompletions
 from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit, instance_needs, parse_resource_limit, pick
 from flowserve.spec.repository import scan_model
 from flowserve.spec.schema import InstanceSpec, ModelSpec, ResourceSpec
@@ -72,7 +73,7 @@ def test_instance_needs_follow_the_groups_and_devices() -> None:
 
 def test_config_pbtxt_rate_limiter_reaches_the_spec(tmp_path: Path) -> None:
     _python_model(tmp_path, "m", "R", count=2, priority=3, extra='{ name: "G" global: true count: 5 }')
-    scan = scan_model(tmp_path / "m")
+    scan = scan_model(tmp_path / "m", autocompletions())
     assert not scan.issues, scan.issues
     group = scan.models["m"].instances[0]
     assert group.count == 2 and group.priority == 3

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from flowserve.nodes.backends import autocompletions
 from flowserve.spec.repository import scan_repository
 from flowserve.spec.schema import Ref
 from flowserve.spec.triton import config_to_json, parse_config_text
@@ -22,7 +23,7 @@ def make_model(
 
 
 def test_bundled_repository_scans_clean() -> None:
-    scan = scan_repository(ROOT / "model_repository")
+    scan = scan_repository(ROOT / "model_repository", autocompletions())
     assert scan.issues == []
     simple = scan.models["simple"]
     assert simple.backend == "python"
@@ -43,7 +44,7 @@ def test_version_policies(tmp_path: Path) -> None:
     make_model(tmp_path, "latest2", base + "version_policy: { latest { num_versions: 2 } }", ("1", "2", "3"))
     make_model(tmp_path, "every", base + "version_policy: { all {} }", ("1", "3"))
     make_model(tmp_path, "some", base + "version_policy: { specific { versions: [1, 3] } }", ("1", "2", "3"))
-    scan = scan_repository(tmp_path)
+    scan = scan_repository(tmp_path, autocompletions())
     assert scan.issues == []
     assert list(scan.models["latest"].versions) == [3]
     assert list(scan.models["latest2"].versions) == [2, 3]
@@ -55,7 +56,7 @@ def test_backend_from_platform_and_files(tmp_path: Path) -> None:
     io = 'input [{name: "X" data_type: TYPE_FP32 dims: [1]}]\noutput [{name: "Y" data_type: TYPE_FP32 dims: [1]}]\n'
     make_model(tmp_path, "by_platform", 'platform: "onnxruntime_onnx"\n' + io, file="model.onnx")
     make_model(tmp_path, "by_file", io, file="model.pt")
-    scan = scan_repository(tmp_path)
+    scan = scan_repository(tmp_path, autocompletions())
     assert scan.models["by_platform"].backend == "onnxruntime"
     assert scan.models["by_platform"].default_model_filename == "model.onnx"
     assert scan.models["by_file"].backend == "pytorch"
@@ -76,7 +77,7 @@ dynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 30
   default_queue_policy { max_queue_size: 5 timeout_action: DELAY default_timeout_microseconds: 10 } }
 """,
     )
-    model = scan_repository(tmp_path).models["m"]
+    model = scan_repository(tmp_path, autocompletions()).models["m"]
     assert model.inputs[0].reshape == (2, 2)
     assert model.inputs[1].optional and model.inputs[1].dims == (-1,)
     assert model.outputs[0].datatype == "BYTES"
@@ -93,7 +94,7 @@ def test_bad_models_are_reported_and_do_not_hide_good_ones(tmp_path: Path) -> No
     make_model(tmp_path, "syntax", "this is { not pbtxt")
     make_model(tmp_path, "wrongname", 'name: "other"\n' + io)
     make_model(tmp_path, "noversion", io, versions=())
-    scan = scan_repository(tmp_path)
+    scan = scan_repository(tmp_path, autocompletions())
     assert list(scan.models) == ["good"]
     assert set(scan.failed) == {"syntax", "wrongname", "noversion"}
     text = "\n".join(str(i) for i in scan.issues)
@@ -115,7 +116,7 @@ ensemble_scheduling { step [
   { model_name: "b" model_version: -1 input_map { key: "X" value: "t" } output_map { key: "Y" value: "t" } } ] }
 """,
     )
-    scan = scan_repository(tmp_path)
+    scan = scan_repository(tmp_path, autocompletions())
     text = "\n".join(str(i) for i in scan.issues)
     assert "node 'a': field 'input_map.X': ensemble tensor 'nowhere' is not an ensemble input" in text
     assert "node 'b': field 'output_map': ensemble tensor 't' is produced more than once" in text
@@ -129,7 +130,7 @@ def test_config_yaml_is_accepted(tmp_path: Path) -> None:
         "backend: python\nmax_batch_size: 2\ninput: [{name: X, data_type: TYPE_INT8, dims: [3]}]\n"
         "output: [{name: Y, data_type: TYPE_INT8, dims: [3]}]\n"
     )
-    spec = scan_repository(tmp_path).models["y"]
+    spec = scan_repository(tmp_path, autocompletions()).models["y"]
     assert spec.inputs[0].datatype == "INT8" and spec.max_batch_size == 2
 
 

@@ -22,7 +22,7 @@ from flowserve.nodes.backends import plugins
 from flowserve.nodes.backends.autocomplete import onnx_autocomplete, python_autocomplete
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.spec.model_config import ModelConfig
-from flowserve.spec.triton import AUTOCOMPLETE, AutoComplete, Completion
+from flowserve.spec.triton import AutoComplete, Completion
 
 # backend name -> "module:class" of its BackendNode subclass
 BACKENDS: dict[str, str] = {
@@ -35,10 +35,6 @@ BACKENDS: dict[str, str] = {
     "tensorflow": "flowserve.nodes.backends.tensorflow:TensorFlowBackend",
     "openvino": "flowserve.nodes.backends.openvino:OpenVinoBackend",
 }
-
-# config auto-complete at scan time (the spec layer calls these; frameworks load lazily)
-AUTOCOMPLETE.setdefault("onnxruntime", onnx_autocomplete)
-AUTOCOMPLETE.setdefault("python", python_autocomplete)
 
 
 def _lazy_hook(target: str) -> AutoComplete:
@@ -55,13 +51,24 @@ def _lazy_hook(target: str) -> AutoComplete:
 
 
 _HOOKS = "flowserve.nodes.backends"
-AUTOCOMPLETE.setdefault("tensorflow", _lazy_hook(f"{_HOOKS}.tensorflow:savedmodel_autocomplete"))
-AUTOCOMPLETE.setdefault("openvino", _lazy_hook(f"{_HOOKS}.openvino:openvino_autocomplete"))
+# config auto-complete at scan time, by backend (frameworks load lazily): the repository layer
+# passes autocompletions() to the spec layer's scan explicitly
+AUTOCOMPLETE: dict[str, AutoComplete] = {
+    "onnxruntime": onnx_autocomplete,
+    "python": python_autocomplete,
+    "tensorflow": _lazy_hook(f"{_HOOKS}.tensorflow:savedmodel_autocomplete"),
+    "openvino": _lazy_hook(f"{_HOOKS}.openvino:openvino_autocomplete"),
+}
+
+
+def autocompletions() -> dict[str, AutoComplete]:
+    """Every backend's auto-complete hook (built-in and plugin), for a scan."""
+    return dict(AUTOCOMPLETE)
 
 
 def refresh_plugins() -> list[str]:
-    """(Re)read the ``flowserve.backends`` entry points into BACKENDS and register their
-    auto-complete hooks; returns the plugin backend names found."""
+    """(Re)read the ``flowserve.backends`` entry points into BACKENDS and their auto-complete
+    hooks into AUTOCOMPLETE; returns the plugin backend names found."""
     found = plugins.discover(BACKENDS)
     for name in found:
         AUTOCOMPLETE[name] = plugins.plugin_autocomplete(name, BACKENDS)

@@ -21,8 +21,7 @@ from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.nodes.batching.tensors import merge_rows, request_rows, split_rows
 from flowserve.nodes.instances import InstancePool
-from flowserve.nodes.loading import load_threads
-from flowserve.nodes.ratelimit import RATE_LIMITER
+from flowserve.nodes.loading import LoadSettings
 from flowserve.nodes.warmup import warm_up_instances
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
@@ -62,8 +61,11 @@ class BackendNode(Node):
         stats: ModelStats,
         clock: Clock = MONOTONIC,
         registry: Registry | None = None,
+        load: LoadSettings | None = None,
     ) -> None:
         self.name = model.name
+        # load threads, inline threshold and rate limiter of the repository that builds it
+        self.load = load = load or LoadSettings()
         self.model = model
         self.version = version
         self.version_path = model.versions[version]
@@ -71,7 +73,9 @@ class BackendNode(Node):
         self.clock = clock
         # the engine's loaded servables, for backends that call other models (python BLS)
         self.registry = registry
-        self.pool: InstancePool[Any] = InstancePool(f"{model.name}-v{version}", inline=self.inline_ok)
+        self.pool: InstancePool[Any] = InstancePool(
+            f"{model.name}-v{version}", inline=self.inline_ok, threshold_ns=load.inline_threshold_ns
+        )
         batched = model.max_batch_size > 0
         self._in_reshape = {t.name: t.reshape for t in model.inputs if t.reshape is not None}
         self._out_reshape = {t.name: t.dims for t in model.outputs if t.reshape is not None}
@@ -126,8 +130,8 @@ class BackendNode(Node):
     async def start(self) -> None:
         """Load the instances, then run the model's warmup samples through each; on failure
         the instances already loaded are released before the error propagates."""
-        parallel = load_threads() if self.parallel_instance_loading else 1
-        limiter = RATE_LIMITER.get()  # the server's rate limiter, when it has one
+        parallel = max(self.load.load_threads, 1) if self.parallel_instance_loading else 1
+        limiter = self.load.rate_limiter  # the server's rate limiter, when it has one
         tickets = limiter.tickets(self.model, self.instance_count, self.version) if limiter else None
         try:
             await self.pool.add_many(self.load_instance, self.instance_count, parallel)

@@ -24,6 +24,7 @@ from flowserve.core.node import TensorMap
 from flowserve.nodes.backends import api
 from flowserve.nodes.backends._support import placement
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.nodes.loading import LoadSettings
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.model_config import ModelConfig
@@ -223,6 +224,7 @@ class PluginBackendNode(BackendNode):
         stats: ModelStats,
         clock: Clock = MONOTONIC,
         registry: Registry | None = None,
+        load: LoadSettings | None = None,
     ) -> None:
         if not model.instances:
             preferred = self.attributes.preferred_instance_kind
@@ -231,7 +233,7 @@ class PluginBackendNode(BackendNode):
                 kind="KIND_AUTO" if preferred == "KIND_GPU" else preferred,
             )
             model = replace(model, instances=(group,))
-        super().__init__(model, version, stats, clock, registry)
+        super().__init__(model, version, stats, clock, registry, load)
         self._backend: Any = None
         self._model: Any = None
 

@@ -22,10 +22,9 @@ import pytest
 
 from flowserve.core.errors import ErrorCode, FlowserveError, InvalidArgument
 from flowserve.dataplane.engine import Engine
-from flowserve.nodes.backends import BACKENDS, api, plugins, refresh_plugins
+from flowserve.nodes.backends import AUTOCOMPLETE, BACKENDS, api, plugins, refresh_plugins
 from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.registry import State
-from flowserve.spec.triton import AUTOCOMPLETE
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "flowserve-example-backend"

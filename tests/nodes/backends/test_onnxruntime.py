@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flowserve.core.errors import Unsupported
-from flowserve.nodes.backends import BACKENDS
+from flowserve.nodes.backends import BACKENDS, autocompletions
 from flowserve.nodes.backends._support import has_gpu
 from flowserve.runtime.registry import State
 from flowserve.spec.repository import scan_model
@@ -52,7 +52,7 @@ async def test_execute_batch_merges_rows(bk, tmp_path: Path) -> None:
 async def test_no_config_at_all_is_auto_completed(bk) -> None:
     """model_repository/onnx_add_sub has only 1/model.onnx: names, dtypes, dims and batching
     come from the model, by Triton's rules (leading dynamic dim -> max_batch_size 4)."""
-    scan = scan_model(bk.BUNDLED / "onnx_add_sub")
+    scan = scan_model(bk.BUNDLED / "onnx_add_sub", autocompletions())
     spec = scan.models["onnx_add_sub"]
     assert spec.backend == "onnxruntime" and spec.platform == "onnxruntime_onnx"
     assert spec.max_batch_size == 4
@@ -73,7 +73,7 @@ async def test_no_config_at_all_is_auto_completed(bk) -> None:
 def test_auto_complete_fixed_first_dim_does_not_batch(bk, make_models, tmp_path: Path) -> None:
     model_dir = bk.write_model(tmp_path, "fixed", None)
     make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx", dims=(2, 16))
-    spec = scan_model(model_dir).models["fixed"]
+    spec = scan_model(model_dir, autocompletions()).models["fixed"]
     assert spec.max_batch_size == 0 and spec.batching is None
     assert spec.inputs[0].dims == (2, 16)
 
@@ -82,7 +82,7 @@ def test_auto_complete_respects_configured_max_batch_size(bk, make_models, tmp_p
     config = 'platform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
     model_dir = bk.write_model(tmp_path, "mb16", config)
     make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx")
-    spec = scan_model(model_dir).models["mb16"]
+    spec = scan_model(model_dir, autocompletions()).models["mb16"]
     assert spec.max_batch_size == 16
     assert spec.inputs[0].dims == (16,)
     assert spec.batching is None  # the config chose no dynamic batcher
@@ -96,7 +96,7 @@ def test_auto_complete_completes_only_what_is_missing(bk, make_models, tmp_path:
     )
     model_dir = bk.write_model(tmp_path, "partial", config)
     make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx")
-    spec = scan_model(model_dir).models["partial"]
+    spec = scan_model(model_dir, autocompletions()).models["partial"]
     assert [t.name for t in spec.outputs] == ["OUTPUT0", "OUTPUT1"]
     assert spec.outputs[0].dims == (16,)
 
@@ -104,7 +104,7 @@ def test_auto_complete_completes_only_what_is_missing(bk, make_models, tmp_path:
 def test_auto_complete_batching_mismatch_is_a_clear_error(bk, make_models, tmp_path: Path) -> None:
     model_dir = bk.write_model(tmp_path, "nobatch", 'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n')
     make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx", dims=(2, 16))
-    scan = scan_model(model_dir)
+    scan = scan_model(model_dir, autocompletions())
     assert "nobatch" in scan.failed
     text = "; ".join(str(i) for i in scan.issues)
     assert "model 'nobatch'" in text and "first dimension" in text and "INPUT0" in text
@@ -114,7 +114,7 @@ def test_auto_complete_without_onnx_package_names_it(bk, make_models, tmp_path, 
     model_dir = bk.write_model(tmp_path, "needs_onnx", None)
     make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx")
     monkeypatch.setitem(sys.modules, "onnx", None)
-    scan = scan_model(model_dir)
+    scan = scan_model(model_dir, autocompletions())
     text = "; ".join(str(i) for i in scan.issues)
     assert "model 'needs_onnx'" in text and "'onnx' package" in text and "flowserve[onnx]" in text
 
@@ -128,7 +128,7 @@ async def test_string_tensors_round_trip(bk, tmp_path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     model_dir = bk.write_model(tmp_path, "strings", None, {"1/model.onnx": model.SerializeToString()})
-    assert scan_model(model_dir).models["strings"].inputs[0].datatype == "BYTES"
+    assert scan_model(model_dir, autocompletions()).models["strings"].inputs[0].datatype == "BYTES"
     words = np.array([b"hello", "wörld".encode()], dtype=object)
     async with bk.engine_for(tmp_path) as engine:
         out = await engine.infer("strings", {"TEXT": words})

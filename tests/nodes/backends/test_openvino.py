@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flowserve.nodes.backends import autocompletions
 from flowserve.runtime.registry import State
 from flowserve.spec.repository import scan_model
 
@@ -44,7 +45,7 @@ def features(n: int, seed: int) -> np.ndarray:
 async def test_ir_auto_completes_and_matches_openvino(bk, make_models, tmp_path: Path) -> None:
     config = 'backend: "openvino"\ninstance_group [ { kind: KIND_CPU count: 2 } ]\n'
     model_dir = ir_model(bk, make_models, tmp_path, "ov_linear", config)
-    spec = scan_model(model_dir).models["ov_linear"]
+    spec = scan_model(model_dir, autocompletions()).models["ov_linear"]
     assert spec.max_batch_size == 4 and spec.batching is not None
     assert [(t.name, t.datatype, t.dims) for t in spec.inputs] == [("features", "FP32", (4,))]
     assert [(t.name, t.datatype, t.dims) for t in spec.outputs] == [("scores", "FP32", (3,))]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flowserve.core.errors import FlowserveError
-from flowserve.nodes.backends import pb_utils
+from flowserve.nodes.backends import autocompletions, pb_utils
 from flowserve.runtime.registry import State
 from flowserve.spec.repository import scan_model
 
@@ -118,7 +118,7 @@ def test_bls_outside_an_engine_is_a_clear_error() -> None:
 
 
 async def test_auto_complete_config_without_config_file(bk) -> None:
-    spec = scan_model(TESTS / "python_autocomplete").models["python_autocomplete"]
+    spec = scan_model(TESTS / "python_autocomplete", autocompletions()).models["python_autocomplete"]
     assert spec.max_batch_size == 4 and spec.batching is not None
     assert [(t.name, t.datatype, t.dims) for t in spec.inputs] == [("INPUT0", "FP32", (4,))]
     x = np.ones((2, 4), np.float32)
@@ -139,7 +139,7 @@ class TritonPythonModel:
         return []
 """
     model_dir = bk.write_model(tmp_path, "too_small", "max_batch_size: 8\n", {"1/model.py": source.encode()})
-    scan = scan_model(model_dir)
+    scan = scan_model(model_dir, autocompletions())
     text = "; ".join(str(i) for i in scan.issues)
     assert "too_small" in scan.failed
     assert "model 'too_small'" in text and "auto_complete_config" in text and "max_batch_size 8" in text

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flowserve.nodes.backends import autocompletions
 from flowserve.runtime.registry import State
 from flowserve.spec.repository import scan_model
 
@@ -53,7 +54,7 @@ def rows(n: int, seed: int) -> np.ndarray:
 
 async def test_savedmodel_auto_completes_and_matches_tensorflow(bk, tf_files, tmp_path: Path) -> None:
     model_dir = add_model(tmp_path, "tf_add", None, tf_files["savedmodel"], bk)
-    spec = scan_model(model_dir).models["tf_add"]
+    spec = scan_model(model_dir, autocompletions()).models["tf_add"]
     assert spec.backend == "tensorflow" and spec.max_batch_size == 4 and spec.batching is not None
     assert [(t.name, t.datatype, t.dims) for t in spec.inputs] == [("x", "FP32", (4,)), ("y", "FP32", (4,))]
     assert [t.name for t in spec.outputs] == ["diff", "sum"]  # the signature's output keys
@@ -162,7 +163,7 @@ output [ { name: "sum" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "diff" data_t
 
 async def test_graphdef_matches_tensorflow(bk, tf_files, tmp_path: Path) -> None:
     model_dir = add_model(tmp_path, "tf_graphdef", GRAPHDEF_CONFIG, tf_files["graphdef"], bk)
-    assert scan_model(model_dir).models["tf_graphdef"].default_model_filename == GRAPHDEF
+    assert scan_model(model_dir, autocompletions()).models["tf_graphdef"].default_model_filename == GRAPHDEF
     x, y = rows(5, 6), rows(5, 7)
     expected = graphdef_direct(tf_files["graphdef"], {"x": x, "y": y})
     async with bk.engine_for(tmp_path) as engine:
