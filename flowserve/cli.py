@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -216,6 +217,19 @@ def _flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _workers(text: str) -> int:
+    """``--workers``: a count >= 1, or ``auto`` (the cores this process may run on)."""
+    if text == "auto":
+        return len(os.sched_getaffinity(0))
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("the number of workers must be >= 1")
+    return count
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from flowserve.dataplane.access import GRPC_HEADER_PREFIX, Restrictions
     from flowserve.dataplane.plane import Limits
@@ -264,6 +278,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_repositories=_repositories(args, repos),
         graph_dirs=graphs,
         repository=repository,
+        workers=args.workers,
         rate_limit=args.rate_limit,
         rate_limit_resources=rate_limits,
         header_forward=header_forward,
@@ -318,6 +333,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve model repositories and graphs")
     serve.add_argument("--model-repository", action="append", metavar="DIR")
     serve.add_argument("--graphs", action="append", metavar="DIR")
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=d.workers,
+        metavar="N|auto",
+        help="worker processes serving as one server (auto: one per usable core); pinned models "
+        "(sequences, response cache, rate limiter, GPU, flowserve.pin) load in one worker only",
+    )
     serve.add_argument("--host", default=d.host)
     serve.add_argument("--http-port", type=int, default=d.http_port, help="negative: no HTTP listener")
     serve.add_argument("--grpc-port", type=int, default=d.grpc_port)

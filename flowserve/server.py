@@ -24,9 +24,11 @@ from flowserve.dataplane.guard import ByteBudget, Guards
 from flowserve.dataplane.plane import DataPlane
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.ratelimit import RateLimiter
+from flowserve.repository.placement import Placement
 from flowserve.settings import Settings
 
 if TYPE_CHECKING:
+    from flowserve.cluster.worker import WorkerPeers
     from flowserve.observability.otel import OtlpExporter
 
 log = logging.getLogger("flowserve")
@@ -49,19 +51,28 @@ ServerOptions = Settings
 
 
 class Server:
-    def __init__(self, options: ServerOptions) -> None:
+    def __init__(self, options: ServerOptions, peers: WorkerPeers | None = None, worker: int = 0) -> None:
+        """``peers`` and ``worker``: this server is worker ``worker`` of several (started by
+        flowserve/cluster/supervisor.py), and ``peers`` its view of the others."""
         self.options = options
+        self.peers = peers
+        self.worker = worker
         self.plane: DataPlane | None = None
         self.listeners: list[Listener] = []
         self.exporter: OtlpExporter | None = None
 
     async def start(self) -> DataPlane:
         opts = self.options
+        placement = None
+        if self.peers is not None:  # a worker of several: pinned models load in one of them
+            placement = Placement(self.worker, opts.workers, self.peers.forward, opts.rate_limit != "off")
         engine = await Engine.start(
             opts.model_repositories,
             opts.graph_dirs,
             opts.repository,
             rate_limiter=RateLimiter(opts.rate_limit_resources) if opts.rate_limit != "off" else None,
+            placement=placement,
+            poll=self.peers is None,  # the supervisor polls for all workers at once
         )
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
@@ -71,6 +82,8 @@ class Server:
         if opts.log_file:
             plane.update_log_settings({"log_file": opts.log_file}, from_network=False)
         plane.header_forward = dict(opts.header_forward)
+        plane.peers = self.peers
+        shared = self.peers is not None  # the workers of one server share its ports
         self._tracing(plane)
         self.plane = plane
         try:
@@ -91,6 +104,7 @@ class Server:
                         idle_timeout_s=opts.http_idle_timeout_s,
                         body_timeout_s=opts.http_body_timeout_s,
                         max_json_bytes=opts.http_max_json_bytes,
+                        reuse_port=shared,
                     )
                 )
             if opts.grpc_port >= 0:
@@ -107,12 +121,13 @@ class Server:
                         opts.grpc_response_compression,
                         handshake_timeout_s=opts.grpc_handshake_timeout_s,
                         idle_timeout_s=opts.grpc_idle_timeout_s,
+                        reuse_port=shared,
                     )
                 )
             if opts.metrics_port >= 0:
                 from flowserve.observability.metrics import start_metrics
 
-                self.listeners.append(await start_metrics(plane, opts.host, opts.metrics_port))
+                self.listeners.append(await start_metrics(plane, opts.host, opts.metrics_port, shared))
         except BaseException:
             await self.stop()
             raise
@@ -161,6 +176,10 @@ class Server:
 
 
 async def serve(options: ServerOptions) -> int:
+    if options.workers > 1:  # one server of several processes (flowserve/cluster/)
+        from flowserve.cluster.supervisor import Supervisor
+
+        return await Supervisor(options).run()
     server = Server(options)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

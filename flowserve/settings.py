@@ -42,6 +42,8 @@ class Settings:
     graph_dirs: list[Path] = field(default_factory=list)
     # control mode, poll interval, response cache, load threads, inline threshold, remote mirrors
     repository: RepositorySettings = field(default_factory=RepositorySettings)
+    # worker processes (--workers; flowserve/cluster/): 1 is one process, as before
+    workers: int = 1
     host: str = "0.0.0.0"
     http_port: int = 8000  # negative: no listener (each of the three)
     grpc_port: int = 8001

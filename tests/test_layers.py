@@ -1,6 +1,6 @@
 """The layering of DESIGN.md, checked on every module of flowserve/ by reading its imports.
 
-cli, server, settings (and the package root)  ->  frontends/http, frontends/grpc, observability
+cli, server, settings, cluster (and the package root)  ->  frontends/http, frontends/grpc, observability
 ->  dataplane  ->  repository  ->  nodes  ->  runtime  ->  graph  ->  spec  ->  core; a layer never
 imports a higher one, the three translators never import each other (the front ends share only ``flowserve/frontends/__init__.py``),
 only ``flowserve/frontends/`` imports grpc or the HTTP stack, and only ``flowserve/nodes/backends/``
@@ -39,6 +39,7 @@ RANKS = {
     "observability": 7,
     "cli": 8,
     "server": 8,
+    "cluster": 8,  # the workers of one server (--workers N) and their supervisor
     "settings": 8,
     "": 8,  # flowserve/__init__.py: the public surface re-exports the engine
 }

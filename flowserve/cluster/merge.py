@@ -30,6 +30,8 @@ Rule = Literal["sum", "max", "min"]
 # not listed is summed. A family listed here states a fact about the server or the machine that
 # every worker reports the same way, so adding the workers' values would multiply it by N.
 METRIC_RULES: tuple[tuple[str, Rule], ...] = (
+    # the supervisor's count of workers and restarts: the same in every worker.
+    ("flowserve_worker*", "max"),
     # 1 for each (model, version, state) in every worker: the server has that one state (while
     # workers disagree, e.g. mid-load, each state some worker reports shows 1).
     ("flowserve_model_state", "max"),

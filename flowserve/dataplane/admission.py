@@ -52,6 +52,10 @@ class Admission:
         per_model[model] = count + 1
         self.in_flight += 1
 
+    def of(self, model: str) -> int:
+        """Requests to ``model`` in flight now."""
+        return self._per_model.get(model, 0)
+
     def leave(self, model: str) -> None:
         self.in_flight -= 1
         count = self._per_model[model] - 1

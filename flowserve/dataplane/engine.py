@@ -26,7 +26,9 @@ from flowserve.core.node import Context, Span, TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.dataplane.classification import classify, read_labels
 from flowserve.graph.plan import Plan
+from flowserve.nodes.forward import Forwarded
 from flowserve.nodes.ratelimit import RateLimiter
+from flowserve.repository.placement import Placement
 from flowserve.repository.remote import RemoteRepositories
 from flowserve.repository.repository import PathLike, Repository
 from flowserve.repository.settings import RepositorySettings
@@ -55,11 +57,15 @@ class Engine:
         clock: Clock = MONOTONIC,
         *,
         rate_limiter: RateLimiter | None = None,
+        placement: Placement | None = None,
+        poll: bool = True,
     ) -> Engine:
         """Open a repository (see :class:`RepositorySettings` for what loads at start) and
-        serve it."""
-        repository = Repository(model_repository, graphs, settings, clock, rate_limiter=rate_limiter)
-        await repository.open()
+        serve it; ``placement`` and ``poll``: see :class:`Repository`."""
+        repository = Repository(
+            model_repository, graphs, settings, clock, rate_limiter=rate_limiter, placement=placement
+        )
+        await repository.open(poll)
         return cls(repository)
 
     # ------------------------------------------------------------ model management
@@ -123,6 +129,17 @@ class Engine:
         return self.repository.model_ready(name, version)
 
     # ---------------------------------------------------------------- inference
+
+    async def run_forwarded(self, request: Forwarded) -> Any:
+        """Run a request another worker forwarded (this process owns its model): one output
+        map, or every response of a decoupled model's stream."""
+        servable = self.registry.get(request.model, request.version)
+        ctx = Context(request_id=request.request_id, parameters=request.parameters, priority=request.priority)
+        if request.timeout_ns is not None:
+            ctx.deadline_ns = self.clock.now_ns() + request.timeout_ns
+        if request.stream:
+            return [outputs async for outputs in servable.stream(request.inputs, ctx)]
+        return await servable.infer(request.inputs, ctx)
 
     async def infer(
         self,

@@ -28,9 +28,11 @@ from flowserve.dataplane import metadata
 from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import Guards
+from flowserve.dataplane.peers import Peers
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.dataplane.streams import decouple
 from flowserve.graph.plan import Plan
+from flowserve.nodes.forward import Forwarded
 from flowserve.nodes.split import parse_split_weights, set_split_weights
 from flowserve.runtime.registry import Status
 from flowserve.runtime.servable import Servable
@@ -90,6 +92,8 @@ class DataPlane:
         guards: Guards | None = None,
     ) -> None:
         self.engine = engine
+        # the other worker processes of this server (--workers N; dataplane/peers.py), or None
+        self.peers: Peers | None = None
         # connection caps per listener and the server-wide budget of buffered request bytes
         self.guards = guards or Guards()
         self.shm = shm or SharedMemoryRegistry(enabled=False)
@@ -121,7 +125,8 @@ class DataPlane:
         return self.engine.live
 
     def ready(self) -> bool:
-        return self.engine.ready()
+        """This process is ready and, with several workers, every worker is."""
+        return self.engine.ready() and (self.peers is None or self.peers.all_ready())
 
     def server_metadata(self) -> dict[str, Any]:
         return metadata.server_metadata(VERSION)
@@ -140,12 +145,36 @@ class DataPlane:
         return self.engine.registry.get(name, version).config
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        return metadata.statistics(self.engine.registry, name, version)
+        """This process's statistics (with several workers: this worker's share of them; a
+        model another worker runs for this one is counted there, not here)."""
+        stats = metadata.statistics(self.engine.registry, name, version)
+        forwarded = {(s.name, str(s.version)) for s in self.engine.registry.servables() if s.forwarded}
+        if forwarded:
+            stats["model_stats"] = [
+                m for m in stats["model_stats"] if (m["name"], m["version"]) not in forwarded
+            ]
+        return stats
+
+    local_statistics = statistics
+
+    async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """The whole server's statistics: with several workers, every worker's summed."""
+        if self.peers is None:
+            return self.statistics(name, version)
+        return await self.peers.statistics(name, version)
 
     # ------------------------------------------------------------ inference
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, spill: bool = True) -> InferResponse:
+        """Run one request. With several workers, a request that would wait here behind others
+        of its model may run on a less busy worker instead (``spill``; see
+        :meth:`Peers.spill_target`), so the requests of one connection use every worker."""
         model = request.model
+        peers = self.peers
+        if spill and peers is not None:
+            target = peers.spill_target(model, self.admission.of(model))
+            if target is not None:
+                return await peers.spill(target, request)
         admission = self.admission
         admission.enter(model)  # Unavailable at once when the server or the model is full
         try:
@@ -233,14 +262,24 @@ class DataPlane:
     async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """``parameters``: ``config`` (ModelConfig JSON) and ``file:<path>`` (bytes) entries;
         or ``split_weights`` alone, which changes a graph's split weights without a reload (in
-        any control mode: nothing is loaded)."""
+        any control mode: nothing is loaded). With several workers, in effect in every worker
+        when it returns."""
         if parameters and "split_weights" in parameters:
             if len(parameters) > 1:
                 raise InvalidArgument(f"load of '{name}': 'split_weights' cannot be combined with a load")
+            parse_split_weights(name, parameters["split_weights"])  # refused here, before anywhere
+        else:
+            self._check_control("load", name)
+        if self.peers is not None:
+            await self.peers.broadcast("load", {"name": name, "parameters": parameters or {}})
+        else:
+            await self._load_here(name, parameters)
+
+    async def _load_here(self, name: str, parameters: dict[str, Any] | None) -> None:
+        if parameters and "split_weights" in parameters:
             weights = parse_split_weights(name, parameters["split_weights"])
             set_split_weights(self.engine.registry, name, weights)
             return
-        self._check_control("load", name)
         parameters = parameters or {}
         config = parameters.get("config")
         files: dict[str, bytes] = {}
@@ -255,8 +294,70 @@ class DataPlane:
 
     async def unload(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._check_control("unload", name)
+        if self.peers is not None:
+            await self.peers.broadcast("unload", {"name": name, "parameters": parameters or {}})
+        else:
+            await self._unload_here(name, parameters)
+
+    async def _unload_here(self, name: str, parameters: dict[str, Any] | None) -> None:
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.engine.unload_model(name, dependents)
+
+    # ------------------------------------------------------------ changes made everywhere
+
+    async def register_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Register a system shared-memory region (with several workers: in every worker)."""
+        if self.peers is None:
+            self.shm.register(name, key, offset, byte_size)
+            return
+        self.shm.check_register(name, key, offset, byte_size)  # refused here, before anywhere
+        await self.peers.broadcast(
+            "register_shm", {"name": name, "key": key, "offset": offset, "size": byte_size}
+        )
+
+    async def unregister_shm(self, name: str = "") -> None:
+        if self.peers is None:
+            self.shm.unregister(name)
+        else:
+            await self.peers.broadcast("unregister_shm", {"name": name})
+
+    async def set_trace_settings(self, settings: dict[str, Any], model: str = "") -> dict[str, Any]:
+        """Update trace settings from the network (with several workers: in every worker)."""
+        result = self.update_trace_settings(settings, model)  # checked (and applied) here first
+        if self.peers is not None:
+            await self.peers.broadcast("trace_settings", {"settings": settings, "model": model})
+        return result
+
+    async def set_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Update log settings from the network (with several workers: in every worker)."""
+        result = self.update_log_settings(settings)
+        if self.peers is not None:
+            await self.peers.broadcast("log_settings", {"settings": settings})
+        return result
+
+    async def apply(self, op: str, args: dict[str, Any]) -> None:
+        """Apply one change in this process (a worker, asked by the supervisor: every worker
+        applies each change the server makes, in one order)."""
+        if op == "load":
+            await self._load_here(args["name"], args["parameters"])
+        elif op == "unload":
+            await self._unload_here(args["name"], args["parameters"])
+        elif op == "register_shm":
+            self.shm.register(args["name"], args["key"], args["offset"], args["size"])
+        elif op == "unregister_shm":
+            self.shm.unregister(args["name"])
+        elif op == "trace_settings":
+            self.update_trace_settings(args["settings"], args["model"])
+        elif op == "log_settings":
+            self.update_log_settings(args["settings"])
+        elif op == "poll":
+            await self.engine.poll_once()
+        else:
+            raise InvalidArgument(f"unknown change '{op}'")
+
+    async def run_forwarded(self, request: Forwarded) -> Any:
+        """Run a request another worker forwarded to this one, the owner of its model."""
+        return await self.engine.run_forwarded(request)
 
     # ------------------------------------------------------------ trace and log settings
 
@@ -397,8 +498,12 @@ class DataPlane:
         return self.engine.registry.get(name, version).decoupled
 
     def servables(self) -> list[Servable]:
-        """Every loaded model or graph version, sorted by (name, version)."""
-        return sorted(self.engine.registry.servables(), key=lambda s: (s.name, s.version))
+        """Every loaded model or graph version this process runs, sorted by (name, version)
+        (with several workers, not the ones another worker runs for it)."""
+        return sorted(
+            (s for s in self.engine.registry.servables() if not s.forwarded),
+            key=lambda s: (s.name, s.version),
+        )
 
     def servable(self, name: str, version: str = "") -> Servable | None:
         """The loaded version that serves ``name`` (``version`` "": the newest), or None."""

@@ -39,7 +39,9 @@ class SharedMemoryRegistry:
         if not self.enabled:
             raise Unsupported("client shared memory is disabled on this server (start with --allow-shm)")
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def check_register(self, name: str, key: str, offset: int, byte_size: int) -> str:
+        """Refuse a registration that cannot succeed (before it is made in every worker);
+        returns the object's file name."""
         self._check_enabled()
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' is already registered")
@@ -50,7 +52,10 @@ class SharedMemoryRegistry:
         fname = key.lstrip("/")
         if not fname or "/" in fname or "\0" in fname or fname in (".", ".."):
             raise InvalidArgument(f"shared memory region '{name}': invalid key '{key}'")
-        path = SHM_ROOT / fname
+        return fname
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        path = SHM_ROOT / self.check_register(name, key, offset, byte_size)
         try:
             # never through a symbolic link (outputs are written into the region), and only a
             # regular file: a FIFO or device under /dev/shm is not a region

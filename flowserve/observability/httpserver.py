@@ -77,8 +77,10 @@ class AsgiListener:
         self._connections: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()
 
-    async def start(self, host: str, port: int) -> AsgiListener:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEAD)
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> AsgiListener:
+        self._server = await asyncio.start_server(
+            self._connection, host, port, limit=MAX_HEAD, reuse_port=reuse_port or None
+        )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self
 

@@ -191,6 +191,26 @@ class EngineCollector:
             state.add((), 1, model=status.name, version=status.version, state=status.state.value)
         for family in (*models.values(), state, *nodes.values(), *splits.values(), *self._guards()):
             yield family.metric
+        yield from self._workers()
+
+    def _workers(self) -> Iterator[Metric]:
+        """With several workers: how many there are, how many are up, and how often one was
+        restarted (the supervisor's numbers; the same in every worker)."""
+        peers = self.plane.peers
+        if peers is None:
+            return
+        status = peers.status()
+        workers = _Family(
+            "flowserve_workers", "Worker processes of this server, by state", "gauge", ("state",)
+        )
+        workers.add(("configured",), status["workers"])
+        workers.add(("up",), status["up"])
+        yield workers.metric
+        restarts = _Family(
+            "flowserve_worker_restarts", "Worker processes restarted after they ended", "counter", ()
+        )
+        restarts.add((), status["restarts"], "_total")
+        yield restarts.metric
 
     def _guards(self) -> tuple[_Family, ...]:
         """Open and refused connections per listener, and the budget of buffered request bytes
@@ -323,6 +343,9 @@ def scrape(registry: CollectorRegistry) -> bytes:
 def make_metrics_app(plane: DataPlane, process: bool = True) -> ASGIApp:
     """A raw ASGI app answering GET /metrics (and / with a pointer to it)."""
     registry = make_registry(plane, process)
+    peers = plane.peers
+    if peers is not None:  # with several workers: this worker's share, for the merged whole
+        peers.local_metrics = lambda: scrape(registry).decode()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -331,7 +354,9 @@ def make_metrics_app(plane: DataPlane, process: bool = True) -> ASGIApp:
         if scope["method"] not in ("GET", "HEAD"):
             status, ctype, body = 405, b"text/plain", b"method not allowed\n"
         elif path == "/metrics":
-            status, ctype, body = 200, CONTENT_TYPE, scrape(registry)
+            # the whole server: with several workers, every worker's metrics merged
+            body = scrape(registry) if peers is None else (await peers.metrics()).encode()
+            status, ctype = 200, CONTENT_TYPE
         elif path == "/":
             status, ctype, body = 200, b"text/plain", b"flowserve metrics: GET /metrics\n"
         else:
@@ -346,10 +371,11 @@ class MetricsListener(AsgiListener):
     """The metrics port (``port``, ``stop(grace_s)``), as the composition root lists it."""
 
 
-async def start_metrics(plane: DataPlane, host: str, port: int) -> MetricsListener:
-    """Serve /metrics on (host, port) until ``listener.stop(grace_s)``; port 0 picks one."""
+async def start_metrics(plane: DataPlane, host: str, port: int, reuse_port: bool = False) -> MetricsListener:
+    """Serve /metrics on (host, port) until ``listener.stop(grace_s)``; port 0 picks one;
+    ``reuse_port``: the workers of one server share the port."""
     listener = MetricsListener(make_metrics_app(plane), guard=plane.guards.listener("metrics"))
-    await listener.start(host, port)
+    await listener.start(host, port, reuse_port)
     return listener
 
 

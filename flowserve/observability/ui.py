@@ -93,7 +93,7 @@ class UI:
         try:
             if method == "POST":
                 body = await _read_body(receive)
-                response = self.post(path or "/", query, body)
+                response = await self.post(path or "/", query, body)
             elif method in ("GET", "HEAD"):
                 response = await self.get(path or "/", query, base)
             else:
@@ -148,7 +148,7 @@ class UI:
             return _json(self.plane.get_trace_settings(query.get("model", "")))
         raise NotFound(f"no endpoint '{path}'")
 
-    def post(self, path: str, query: dict[str, str], body: bytes) -> _Response:
+    async def post(self, path: str, query: dict[str, str], body: bytes) -> _Response:
         if [p for p in path.split("/") if p] != ["api", "trace-settings"]:
             return _json({"error": "only /api/trace-settings accepts POST"}, 405)
         try:
@@ -157,7 +157,7 @@ class UI:
             raise InvalidArgument("trace settings must be a JSON object") from None
         if not isinstance(settings, dict):
             raise InvalidArgument("trace settings must be a JSON object")
-        return _json(self.plane.update_trace_settings(settings, query.get("model", "")))
+        return _json(await self.plane.set_trace_settings(settings, query.get("model", "")))
 
     # ------------------------------------------------------------------ data
 

@@ -25,9 +25,11 @@ from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.nodes.backends import autocompletions
 from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
+from flowserve.nodes.forward import ForwardNode
 from flowserve.nodes.loading import LoadSettings, load_waves
 from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.nodes.warmup import warm_up_graph
+from flowserve.repository.placement import Placement
 from flowserve.repository.remote import resolve_repositories
 from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.cache import ResponseCache
@@ -85,8 +87,11 @@ class Repository:
         clock: Clock = MONOTONIC,
         *,
         rate_limiter: RateLimiter | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.settings = settings = settings or RepositorySettings()
+        # with several workers: which models load here, and how the others are reached
+        self.placement = placement
         self.clock = clock
         # a repository URL (s3://...) is served from its local mirror (repository/remote.py)
         sources = [model_repository] if isinstance(model_repository, str | Path) else model_repository or []
@@ -117,10 +122,11 @@ class Repository:
     def control_mode(self) -> str:
         return self.settings.control_mode
 
-    async def open(self) -> None:
+    async def open(self, poll: bool = True) -> None:
         """Load what the settings ask for at start (everything, unless ``explicit`` mode names
         some); failures are logged and reported by the index, never fatal for the others. In
-        poll mode, start polling."""
+        poll mode, start polling (unless ``poll`` is False: a worker of several is polled by the
+        supervisor, all workers at once)."""
         add_import_roots(self.graph_dirs)
         async with self._lock:
             try:
@@ -129,7 +135,7 @@ class Repository:
                 self.remote.close()
                 raise
             await self._load_from_scan(self.settings.loads_at_start())
-        if self.settings.control_mode == "poll":
+        if self.settings.control_mode == "poll" and poll:
             self._poller = asyncio.create_task(self._poll_forever(), name="flowserve-poll")
 
     # ---------------------------------------------------------------- loading
@@ -217,15 +223,22 @@ class Repository:
             )
             kind = "graph"
         cache = self._cache_for(name, model, graph)
+        forwarded = model is not None and self.placement is not None and not self.placement.here(model)
+        if forwarded:
+            cache = None  # the owner's servable looks the cache up
         loaded: list[Servable] = []
         failed: dict[str, str] = {}
         for version in versions:
             stats = ModelStats()
             started: list[Node] = []
             try:
-                nodes = build_nodes(
-                    plan, self.registry, model, version, stats, self.clock, self.cache, self.load_settings
-                )
+                if forwarded:
+                    assert model is not None and self.placement is not None
+                    nodes = self._forwarding_nodes(plan, model, version, self.placement)
+                else:
+                    nodes = build_nodes(
+                        plan, self.registry, model, version, stats, self.clock, self.cache, self.load_settings
+                    )
                 for node in nodes:
                     try:
                         await node.start()
@@ -256,9 +269,13 @@ class Repository:
                     stats=stats,
                     decoupled=executor.decoupled or (model is not None and model.decoupled),
                     cache=cache,
+                    forwarded=forwarded,
                 )
             )
-            log.info("loaded %s '%s' version %s", kind, name, version)
+            if forwarded:
+                log.info("%s '%s' version %s runs on worker %s", kind, name, version, self._owner(model))
+            else:
+                log.info("loaded %s '%s' version %s", kind, name, version)
         if failed and self.registry.has(name):
             # a reload swaps in the new versions only when all of them loaded; until then the
             # old ones keep serving
@@ -273,6 +290,21 @@ class Repository:
         for failed_version, reason in failed.items():
             self.registry.mark(name, failed_version, State.UNAVAILABLE, reason)
         return old
+
+    def _forwarding_nodes(
+        self, plan: Plan, model: ModelSpec, version: int, placement: Placement
+    ) -> list[Node]:
+        """A model another worker owns: its one node runs there (nodes/forward.py)."""
+        if len(plan.nodes) != 1:
+            raise FlowserveError(f"model '{model.name}': a pinned model must be a single model, not a graph")
+        return [
+            ForwardNode(
+                plan.nodes[0].name, model.name, version, placement.forward, model.decoupled, self.clock
+            )
+        ]
+
+    def _owner(self, model: ModelSpec | None) -> int | None:
+        return None if model is None or self.placement is None else self.placement.owner(model)
 
     def _cache_for(self, name: str, model: ModelSpec | None, graph: GraphSpec | None) -> ResponseCache | None:
         if model is not None:

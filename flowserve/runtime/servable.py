@@ -33,6 +33,8 @@ class Servable:
     stats: ModelStats = field(default_factory=ModelStats)
     decoupled: bool = False
     cache: ResponseCache | None = None
+    # another worker process runs it (--workers N, nodes/forward.py): its requests count there
+    forwarded: bool = False
     # compiled once: the request check, and the names of the outputs a request may ask for
     validate: InputValidator = field(init=False, repr=False)
     output_names: frozenset[str] = field(init=False, repr=False)

@@ -66,15 +66,16 @@ class GrpcListener:
 
 
 def server_options(
-    max_request_bytes: int, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_request_bytes: int, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, reuse_port: bool = False
 ) -> list[tuple[str, int]]:
     """grpcio's server options: the native transport's bounds where grpc has one (its C core
     also limits resets and control frames of its own accord)."""
     options = [
         ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
-        # refuse to share a port with another process instead of silently splitting traffic
-        ("grpc.so_reuseport", 0),
+        # refuse to share a port with another process instead of silently splitting traffic,
+        # unless the workers of one server share it (--workers N)
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_concurrent_streams", http2.MAX_STREAMS),
         ("grpc.max_metadata_size", http2.MAX_HEADER_LIST),
     ]
@@ -94,6 +95,7 @@ async def start_grpc(
     *,
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    reuse_port: bool = False,
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
     ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
@@ -114,13 +116,13 @@ async def start_grpc(
     if server == "native":
         compression = ResponseCompression(COMPRESSION_LEVELS[response_compression], INFER_METHODS)
         return await _start_native(
-            plane, host, port, restrictions, tls, compression, handshake_timeout_s, idle_timeout_s
+            plane, host, port, restrictions, tls, compression, handshake_timeout_s, idle_timeout_s, reuse_port
         )
     if server != "grpcio":
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
     aio = grpc.aio.server(
-        options=server_options(plane.limits.max_request_bytes, idle_timeout_s),
+        options=server_options(plane.limits.max_request_bytes, idle_timeout_s, reuse_port),
         interceptors=interceptors,
         compression=grpc.Compression.Gzip if response_compression != "none" else None,
     )
@@ -150,6 +152,7 @@ async def _start_native(
     compression: ResponseCompression,
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    reuse_port: bool = False,
 ) -> GrpcListener:
     gate = None
     if restrictions:
@@ -171,7 +174,7 @@ async def _start_native(
         idle_timeout_s=idle_timeout_s,
     )
     try:
-        bound = await native.start(host, port, tls.ssl_context() if tls is not None else None)
+        bound = await native.start(host, port, tls.ssl_context() if tls is not None else None, reuse_port)
     except OSError as exc:
         raise OSError(f"gRPC front end cannot listen on {host}:{port}: {exc}") from None
     return GrpcListener(native, bound)

@@ -1573,14 +1573,18 @@ class Http2GrpcServer:
         (room for two of the largest messages)."""
         return max(2 * self.max_message, CONNECTION_WINDOW)
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
-        """Listen on ``host:port`` (0: any free port), over TLS when ``tls`` is given."""
+    async def start(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None, reuse_port: bool = False
+    ) -> int:
+        """Listen on ``host:port`` (0: any free port), over TLS when ``tls`` is given;
+        ``reuse_port``: the workers of one server share the port (SO_REUSEPORT)."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
             lambda: Connection(self),
             host,
             port,
             reuse_address=True,
+            reuse_port=reuse_port or None,
             ssl=tls,
             ssl_handshake_timeout=(self.handshake_timeout_s or None) if tls is not None else None,
         )

@@ -192,7 +192,7 @@ class InferenceServicer:
 
     @rpc
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return messages.statistics(self._plane.statistics(request.name, request.version))
+        return messages.statistics(await self._plane.server_statistics(request.name, request.version))
 
     # ------------------------------------------------------------ repository
 
@@ -218,12 +218,12 @@ class InferenceServicer:
 
     @rpc
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        self._shm.register(request.name, request.key, request.offset, request.byte_size)
+        await self._plane.register_shm(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        self._shm.unregister(request.name)
+        await self._plane.unregister_shm(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # No CUDA shared memory here, answered as over HTTP: registering is UNSUPPORTED; status
@@ -250,7 +250,7 @@ class InferenceServicer:
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         plane = self._plane
         if request.settings:
-            settings = plane.update_trace_settings(
+            settings = await plane.set_trace_settings(
                 messages.trace_request_settings(request), request.model_name
             )
         else:
@@ -261,7 +261,7 @@ class InferenceServicer:
     async def LogSettings(self, request: Any, context: Any) -> Any:
         plane = self._plane
         if request.settings:
-            settings = plane.update_log_settings(messages.log_request_settings(request))
+            settings = await plane.set_log_settings(messages.log_request_settings(request))
         else:
             settings = plane.get_log_settings()
         return messages.log_settings(settings)

@@ -267,14 +267,14 @@ class HttpApp:
             return json_reply(self.plane.get_log_settings())
         _need(method, "POST", path)
         settings = await self._json_body(scope, receive, "log settings")
-        return json_reply(self.plane.update_log_settings(_object(settings, "log settings")))
+        return json_reply(await self.plane.set_log_settings(_object(settings, "log settings")))
 
     async def _models(
         self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
     ) -> Reply | StreamReply:
         if rest == ["stats"]:
             _need(method, "GET", path)
-            return json_reply(self.plane.statistics())
+            return json_reply(await self.plane.server_statistics())
         if not rest or not rest[0]:
             raise NotFound(f"unknown route: {method} {path}")
         name, rest = rest[0], rest[1:]
@@ -301,7 +301,7 @@ class HttpApp:
         return json_reply(self.plane.model_config(name, version))
 
     async def _stats(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
-        return json_reply(self.plane.statistics(name, version))
+        return json_reply(await self.plane.server_statistics(name, version))
 
     async def _generate(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
         doc = await self._json_body(scope, receive, "generate request")
@@ -418,12 +418,12 @@ class HttpApp:
                 raise InvalidArgument(f"{where}: 'offset' must be a non-negative integer")
             if not is_uint(byte_size):
                 raise InvalidArgument(f"{where}: 'byte_size' must be a non-negative integer")
-            shm.register(region, key, offset, byte_size)
+            await self.plane.register_shm(region, key, offset, byte_size)
             return Reply(200, [])
         if action == "unregister":
             _need(method, "POST", path)
             await self._body(read_headers(scope), receive, scope)
-            shm.unregister(region)
+            await self.plane.unregister_shm(region)
             return Reply(200, [])
         raise NotFound(f"unknown route: {method} {path}")
 
@@ -457,7 +457,7 @@ class HttpApp:
             return json_reply(self.plane.get_trace_settings(model))
         _need(method, "POST", scope["path"])
         settings = _object(await self._json_body(scope, receive, "trace settings"), "trace settings")
-        return json_reply(self.plane.update_trace_settings(settings, model))
+        return json_reply(await self.plane.set_trace_settings(settings, model))
 
     # ------------------------------------------------------------------ bodies
 

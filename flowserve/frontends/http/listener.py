@@ -57,7 +57,7 @@ class HttpListener:
 
 def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A listening-ready socket on ``host:port``; ``reuse_port`` lets other processes bind the
-    same port (SO_REUSEPORT: benchmarks/processes.py measures that; flowserve itself does not)."""
+    same port (SO_REUSEPORT: the workers of one server, ``--workers N``)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
@@ -83,6 +83,7 @@ async def start_http(
     idle_timeout_s: float = KEEP_ALIVE_S,
     body_timeout_s: float = BODY_TIMEOUT_S,
     max_json_bytes: int | None = None,
+    reuse_port: bool = False,
 ) -> HttpListener:
     """Serve Triton's HTTP/REST protocol for ``plane`` on ``host:port`` (0: any free port);
     ``restrictions``: API categories that need a header (``--http-restricted-api``);
@@ -98,7 +99,7 @@ async def start_http(
         chosen = Http1Server(app, idle_timeout_s, body_timeout_s, guard)
     else:
         chosen = _uvicorn(app, idle_timeout_s, guard.limit)
-    sock = bind(host, port)
+    sock = bind(host, port, reuse_port)
     try:
         if isinstance(chosen, Http1Server):
             await chosen.start(sock)

@@ -1,0 +1,287 @@
+"""One worker process of a server started with ``--workers N``.
+
+A worker is a whole flowserve server (repository, data plane, the HTTP, gRPC and metrics front
+ends on the server's ports, shared with the other workers through SO_REUSEPORT) plus
+:class:`WorkerPeers`, its view of the rest of the server (``dataplane/peers.py``):
+
+- a link to the supervisor (``cluster/supervisor.py``), which holds the server's control state:
+  a change made through this worker (load, unload, shared memory, trace and log settings) goes
+  to the supervisor, which applies it in every worker and answers once all have; statistics and
+  metrics are gathered from every worker through it; it tells every worker whether all are
+  ready;
+- links to the other workers, over which requests for a model this worker does not load
+  (``repository/placement.py``) run on the worker that owns it (``nodes/forward.py``).
+
+Started by the supervisor as ``python -m flowserve.cluster.worker DIR INDEX``: ``DIR`` holds the
+server's pickled settings and the Unix sockets (``supervisor.sock``, ``worker-<i>.sock``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flowserve.cluster.link import Link, serve
+from flowserve.core.errors import InternalError, NotFound, Unavailable
+from flowserve.core.types import InferRequest, InferResponse
+from flowserve.dataplane.plane import DataPlane
+from flowserve.nodes.forward import Forwarded
+from flowserve.repository.placement import owner_of
+from flowserve.settings import Settings
+
+log = logging.getLogger("flowserve.cluster")
+
+SUPERVISOR_SOCKET = "supervisor.sock"
+# how long a forwarded request may wait for its owner past its own deadline (none: this)
+FORWARD_TIMEOUT_S = 3600.0
+# A request that finds this many requests of its model in flight in this worker may run on
+# another worker that is less busy with that model (spilling): one connection's requests then
+# use every worker. Below it a request always runs here, so a model that is done at once (a
+# cheap one, run inline on the loop) never pays for the hop.
+SPILL_DEPTH = 2
+
+
+def worker_socket(directory: Path, index: int) -> Path:
+    return directory / f"worker-{index}.sock"
+
+
+class WorkerPeers:
+    """What one worker knows of the others (implements :class:`flowserve.dataplane.peers.Peers`)."""
+
+    def __init__(self, index: int, workers: int, directory: Path) -> None:
+        self.index = index
+        self.workers = workers
+        self.directory = directory
+        self.supervisor: Link | None = None
+        self.plane: DataPlane | None = None
+        # renders this worker's own /metrics text (set by the server once its collector exists)
+        self.local_metrics: Callable[[], str] | None = None
+        self._owners: dict[int, Link] = {}
+        self._connecting: dict[int, asyncio.Lock] = {}
+        self._cluster: dict[str, Any] = {"ready": False, "up": 0, "workers": workers, "restarts": 0}
+        self._others = [i for i in range(workers) if i != index]
+        self._spilled = dict.fromkeys(self._others, 0)  # requests this worker has running there
+        self._load: dict[tuple[int, str], int] = {}  # (worker, model) -> in flight, as last told
+        self.spills = 0
+        self._attached = asyncio.Event()
+        self._apply = asyncio.Lock()  # changes apply one at a time, in the supervisor's order
+        self._server: asyncio.Server | None = None
+        self.gone = asyncio.Event()  # the supervisor went away: this worker ends
+
+    # ------------------------------------------------------------ start and stop
+
+    async def connect(self) -> list[tuple[str, dict[str, Any]]]:
+        """Link to the supervisor and to the peers' calls; returns the changes made so far (to
+        apply, with :meth:`attach`, once the plane exists)."""
+        path = worker_socket(self.directory, self.index)
+        path.unlink(missing_ok=True)  # the socket of this worker's previous life
+        self._server = await serve(str(path), self.handle, name="worker")
+        link = await Link.connect(str(self.directory / SUPERVISOR_SOCKET), self.handle, "the supervisor")
+        link.on_close = lambda _: self.gone.set()
+        self.supervisor = link
+        hello = await link.call("hello", {"index": self.index, "pid": os.getpid()})
+        self._cluster.update(hello["cluster"])
+        changes: list[tuple[str, dict[str, Any]]] = hello["changes"]
+        return changes
+
+    async def attach(self, plane: DataPlane, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        """Apply the changes made before this worker started (a restarted worker catches up),
+        then serve the supervisor's and the peers' calls and say this worker is ready."""
+        self.plane = plane
+        async with self._apply:
+            for op, args in changes:
+                try:
+                    await plane.apply(op, args)
+                except Exception as exc:  # as it failed (or not) when it was first made
+                    log.warning("worker %d: replaying %s %s: %s", self.index, op, args.get("name", ""), exc)
+        self._attached.set()
+        assert self.supervisor is not None
+        await self.supervisor.call("ready", {"index": self.index})
+
+    async def close(self) -> None:
+        for link in list(self._owners.values()):
+            await link.close()
+        if self.supervisor is not None:
+            await self.supervisor.close()
+        if self._server is not None:
+            self._server.close()
+
+    # ------------------------------------------------------------ Peers
+
+    def all_ready(self) -> bool:
+        return bool(self._cluster["ready"])
+
+    def status(self) -> dict[str, Any]:
+        """The supervisor's last word on the workers: ready, up, workers, restarts."""
+        return dict(self._cluster)
+
+    async def broadcast(self, op: str, args: dict[str, Any]) -> None:
+        await self._supervisor().call("broadcast", {"op": op, "args": args})
+
+    async def statistics(self, name: str, version: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._supervisor().call(
+            "statistics", {"name": name, "version": version}
+        )
+        return result
+
+    async def metrics(self) -> str:
+        text: str = await self._supervisor().call("metrics", {})
+        return text
+
+    async def forward(self, request: Forwarded) -> Any:
+        """Run ``request`` on the worker that owns its model (the Forwarder of placement)."""
+        owner = owner_of(request.model, self.workers)
+        if owner == self.index:  # placement loads it here; a forwarding node is not built then
+            raise InternalError(f"model '{request.model}' is owned by this worker but was forwarded")
+        link = await self._link_to(owner)
+        timeout = FORWARD_TIMEOUT_S if request.timeout_ns is None else request.timeout_ns / 1e9 + 1.0
+        return await link.call("run", request, timeout=timeout)
+
+    def spill_target(self, model: str, in_flight: int) -> int | None:
+        """Another worker for a request that found ``in_flight`` requests of ``model`` running
+        here: the one least busy with it (what this worker has running there, or what it last
+        said it had, whichever is more), if that is less busy than this one by more than one."""
+        if in_flight < SPILL_DEPTH or not self._others or not self._cluster["ready"]:
+            return None
+        plane = self.plane
+        if plane is None:
+            return None
+        servable = plane.servable(model)
+        if servable is None or servable.forwarded or servable.decoupled:
+            return None  # not here, owned by one worker, or a stream: it runs where it is
+        best, busy = None, in_flight - 1
+        for other in self._others:
+            load = max(self._spilled[other], self._load.get((other, model), 0))
+            if load < busy:
+                best, busy = other, load
+        return best
+
+    async def spill(self, target: int, request: InferRequest) -> InferResponse:
+        """Run ``request`` on worker ``target``; if that worker is gone, here after all."""
+        self._spilled[target] += 1
+        link: Link | None = None
+        try:
+            link = await self._link_to(target)
+            reply: tuple[InferResponse, int] = await link.call("spill", request)
+            self._load[(target, request.model)] = reply[1]
+            self.spills += 1
+            return reply[0]
+        except Unavailable:
+            if link is not None and not link.closed:
+                raise  # the other worker's own answer (overloaded, unavailable model)
+            self._load.pop((target, request.model), None)
+        finally:
+            self._spilled[target] -= 1
+        assert self.plane is not None
+        return await self.plane.infer(request, spill=False)
+
+    def _supervisor(self) -> Link:
+        link = self.supervisor
+        if link is None or link.closed:
+            raise Unavailable("the server's supervisor process is gone; this worker is stopping")
+        return link
+
+    async def _link_to(self, index: int) -> Link:
+        link = self._owners.get(index)
+        if link is not None and not link.closed:
+            return link
+        lock = self._connecting.setdefault(index, asyncio.Lock())
+        async with lock:
+            link = self._owners.get(index)
+            if link is None or link.closed:
+                try:
+                    link = await Link.connect(
+                        str(worker_socket(self.directory, index)), None, f"worker {index}"
+                    )
+                except OSError:
+                    raise Unavailable(f"worker {index} is not running (it is being restarted)") from None
+                self._owners[index] = link
+            return link
+
+    # ------------------------------------------------------------ calls from the others
+
+    async def handle(self, kind: str, message: Any) -> Any:
+        if kind == "cluster":  # the supervisor's readiness news: no need to be attached
+            self._cluster.update(message)
+            return None
+        await self._attached.wait()
+        plane = self.plane
+        assert plane is not None
+        if kind == "run":
+            return await plane.run_forwarded(message)
+        if kind == "spill":  # a request another worker had too many of: run here, say how busy
+            response = await plane.infer(message, spill=False)
+            return response, plane.admission.of(message.model)
+        if kind == "apply":
+            async with self._apply:
+                await plane.apply(message["op"], message["args"])
+            return None
+        if kind == "local_statistics":
+            return plane.local_statistics(message["name"], message["version"])
+        if kind == "local_metrics":
+            return self.local_metrics() if self.local_metrics is not None else ""
+        raise NotFound(f"worker {self.index}: unknown call '{kind}'")
+
+
+async def run_worker(directory: Path, index: int) -> int:
+    """A worker's life: connect, load, serve until SIGTERM (or the supervisor is gone), drain."""
+    from flowserve.server import Server
+
+    settings: Settings = pickle.loads((directory / "settings.pickle").read_bytes())
+    peers = WorkerPeers(index, settings.workers, directory)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    changes = await peers.connect()
+    server = Server(settings, peers=peers, worker=index)
+    try:
+        plane = await server.start()
+        gc.collect()  # what is loaded lives as long as the worker (see server.serve)
+        gc.freeze()
+        await peers.attach(plane, changes)
+        log.info("worker %d ready (pid %d)", index, os.getpid())
+        done = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(peers.gone.wait())}
+        _, pending = await asyncio.wait(done, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if peers.gone.is_set() and not stopping.is_set():
+            log.error("worker %d: the supervisor is gone; stopping", index)
+    finally:
+        await server.stop()
+        await peers.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    directory, index = Path(args[0]), int(args[1])
+    from flowserve.observability.logs import configure
+
+    configure(
+        os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"), json_lines=os.environ.get("FLOWSERVE_LOG_JSON") == "1"
+    )
+    if os.environ.get("FLOWSERVE_LOOP", "uvloop") == "uvloop":
+        import uvloop
+
+        code = int(uvloop.run(run_worker(directory, index)))
+    else:
+        code = asyncio.run(run_worker(directory, index))
+    with contextlib.suppress(Exception):
+        from flowserve.server import exit_watchdog
+
+        exit_watchdog()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

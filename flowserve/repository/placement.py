@@ -1,0 +1,73 @@
+"""Which worker loads a model, when one server runs several worker processes (``--workers N``).
+
+Every worker loads every model and graph, and serves the requests it decoded itself, except a
+model whose meaning needs *one place*; that one is loaded by a single worker, its owner, and the
+others stand a forwarding node in for it (``nodes/forward.py``). A model needs one place when
+
+- it has ``sequence_batching``: a sequence's state (and its order) lives in one batcher;
+- it enables the response cache: one cache, of the size the server was given;
+- the server runs the rate limiter and its instances ask for resources: one count of them;
+- its instances are ``KIND_GPU``: one CUDA context per device, not one per worker;
+- its config pins it: ``parameters { key: "flowserve.pin" value { string_value: "true" } }``
+  (a model too big to load N times, or whose instances must not be multiplied).
+
+Ensembles and YAML graphs are never pinned: their steps reach a pinned model through its
+forwarding node. The owner is a stable hash of the model's name over the workers, so pinned
+models spread over the workers and a restarted worker owns the same ones again.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from flowserve.nodes.forward import Forwarder
+from flowserve.spec.schema import ModelSpec
+
+PIN_PARAMETER = "flowserve.pin"
+
+
+def pin_reason(model: ModelSpec, rate_limited: bool = False) -> str | None:
+    """Why ``model`` must be loaded by one worker only (None: it may be loaded by all)."""
+    if model.graph is not None:
+        return None
+    config = model.config
+    if config.HasField("sequence_batching"):
+        return "sequence batching keeps each sequence's state in one place"
+    if config.response_cache.enable:
+        return "the response cache is one cache"
+    if rate_limited and any(group.resources for group in model.instances):
+        return "the rate limiter counts its resources in one place"
+    if any(group.kind == "KIND_GPU" for group in model.instances):
+        return "GPU instances own one CUDA context per device"
+    if model.parameters.get(PIN_PARAMETER, "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"its config sets '{PIN_PARAMETER}'"
+    return None
+
+
+def owner_of(name: str, workers: int) -> int:
+    """The worker that loads a pinned model: a stable hash of its name."""
+    return zlib.crc32(name.encode()) % max(workers, 1)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This worker's place among ``workers``, and how it reaches the owners of pinned models."""
+
+    worker: int
+    workers: int
+    forward: Forwarder
+    rate_limited: bool = False
+
+    def owner(self, model: ModelSpec) -> int | None:
+        """The worker that loads ``model``; None: every worker does."""
+        if self.workers <= 1 or pin_reason(model, self.rate_limited) is None:
+            return None
+        return owner_of(model.name, self.workers)
+
+    def here(self, model: ModelSpec) -> bool:
+        owner = self.owner(model)
+        return owner is None or owner == self.worker
+
+
+__all__ = ["PIN_PARAMETER", "Placement", "owner_of", "pin_reason"]
