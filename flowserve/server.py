@@ -140,7 +140,9 @@ class Server:
         from flowserve.observability.traces import TraceFileWriter, fan_out
 
         config = self.options.trace_config
-        files = TraceFileWriter(plane)  # trace_file / log_frequency of the trace settings
+        # trace_file / log_frequency of the trace settings; with several workers one file, the
+        # supervisor's, holds every worker's traces
+        files = TraceFileWriter(plane, sink=self.peers.trace_file if self.peers is not None else None)
         plane.on_trace = files
         if config is None:
             return

@@ -36,6 +36,7 @@ from flowserve.cluster.link import Link, serve
 from flowserve.cluster.merge import merge_metrics, merge_statistics
 from flowserve.cluster.worker import SUPERVISOR_SOCKET, worker_socket
 from flowserve.core.errors import FlowserveError, NotFound, Unavailable
+from flowserve.observability.traces import TraceFiles
 from flowserve.settings import Settings
 
 log = logging.getLogger("flowserve.cluster")
@@ -97,6 +98,7 @@ class Supervisor:
         self.workers = [WorkerProcess(i) for i in range(self.count)]
         self.changes: list[tuple[str, dict[str, Any]]] = []
         self.restarts = 0
+        self.trace_files = TraceFiles()  # every worker's traces, in one file per trace_file
         self.stopping = False
         self._change = asyncio.Lock()  # one change at a time, everywhere in one order
         self._all_ready = asyncio.Event()
@@ -255,6 +257,10 @@ class Supervisor:
             async with self._change:  # the changes so far, then every later one
                 worker.link = link
                 return {"changes": list(self.changes), "cluster": self._cluster()}
+        if kind == "trace":  # a worker's finished trace, for the one trace file
+            path, log_frequency, trace = message
+            self.trace_files.add(path, log_frequency, trace)
+            return None
         if kind == "ready":
             self.workers[message["index"]].ready = True
             await self._tell_readiness()

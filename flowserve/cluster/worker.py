@@ -33,7 +33,7 @@ from typing import Any
 from flowserve.cluster.link import Link, serve
 from flowserve.core.errors import InternalError, NotFound, Unavailable
 from flowserve.core.types import InferRequest, InferResponse
-from flowserve.dataplane.plane import DataPlane
+from flowserve.dataplane.plane import DataPlane, Trace
 from flowserve.nodes.forward import Forwarded
 from flowserve.repository.placement import owner_of
 from flowserve.settings import Settings
@@ -72,6 +72,7 @@ class WorkerPeers:
         self._spilled = dict.fromkeys(self._others, 0)  # requests this worker has running there
         self._load: dict[tuple[int, str], int] = {}  # (worker, model) -> in flight, as last told
         self.spills = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # trace notifications being sent
         self._attached = asyncio.Event()
         self._apply = asyncio.Lock()  # changes apply one at a time, in the supervisor's order
         self._server: asyncio.Server | None = None
@@ -183,6 +184,15 @@ class WorkerPeers:
             self._spilled[target] -= 1
         assert self.plane is not None
         return await self.plane.infer(request, spill=False)
+
+    def trace_file(self, path: str, log_frequency: int, trace: Trace) -> None:
+        """A finished trace for the server's trace file, which the supervisor writes."""
+        link = self.supervisor
+        if link is None or link.closed:
+            return
+        task = asyncio.get_running_loop().create_task(link.notify("trace", (path, log_frequency, trace)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _supervisor(self) -> Link:
         link = self.supervisor

@@ -117,29 +117,29 @@ def triton_trace(trace: Trace, number: int) -> list[dict[str, Any]]:
     return records
 
 
-class TraceFileWriter:
-    """Writes finished traces to the ``trace_file`` of their trace settings, in Triton's trace
-    file shape (a JSON array of records). With ``log_frequency`` N > 0, every N traces go to a
-    new file ``<trace_file>.<k>``, as Triton does; with 0 the file holds every trace so far
-    (rewritten as each one arrives, the latest ``keep`` at most)."""
+# (trace file, log frequency, trace): where a finished trace is written
+TraceSink = Callable[[str, int, Trace], None]
 
-    def __init__(self, plane: DataPlane, keep: int = 10_000) -> None:
-        self.plane = plane
+
+class TraceFiles:
+    """Trace files in Triton's shape (a JSON array of records), numbered across all traces.
+    With ``log_frequency`` N > 0, every N traces go to a new file ``<trace_file>.<k>``, as
+    Triton does; with 0 the file holds every trace so far (rewritten as each one arrives, the
+    latest ``keep`` at most). One per server: with several workers, the supervisor's, which the
+    workers send their traces to, so one file holds them all."""
+
+    def __init__(self, keep: int = 10_000) -> None:
         self.keep = keep
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._files: dict[str, int] = {}
         self._number = 0
 
-    def __call__(self, trace: Trace) -> None:
-        settings = self.plane.trace_file_settings(trace.model)
-        path = settings.trace_file
-        if not path or settings.trace_mode != "triton":
-            return
+    def add(self, path: str, log_frequency: int, trace: Trace) -> None:
         self._number += 1
         pending = self._pending.setdefault(path, [])
         pending.extend(triton_trace(trace, self._number))
-        if settings.log_frequency > 0:
-            if self._number % settings.log_frequency == 0 or len(pending) >= self.keep:
+        if log_frequency > 0:
+            if self._number % log_frequency == 0 or len(pending) >= self.keep:
                 index = self._files.get(path, 0)
                 self._files[path] = index + 1
                 Path(f"{path}.{index}").write_text(json.dumps(pending))
@@ -147,6 +147,22 @@ class TraceFileWriter:
             return
         del pending[: max(len(pending) - self.keep, 0)]
         Path(path).write_text(json.dumps(pending))
+
+
+class TraceFileWriter:
+    """Sends each finished trace to the ``trace_file`` of its trace settings (Triton mode):
+    to ``sink`` (default: this process's own :class:`TraceFiles`)."""
+
+    def __init__(self, plane: DataPlane, keep: int = 10_000, sink: TraceSink | None = None) -> None:
+        self.plane = plane
+        self.sink = sink or TraceFiles(keep).add
+
+    def __call__(self, trace: Trace) -> None:
+        settings = self.plane.trace_file_settings(trace.model)
+        path = settings.trace_file
+        if not path or settings.trace_mode != "triton":
+            return
+        self.sink(path, settings.log_frequency, trace)
 
 
 def fan_out(*sinks: Callable[[Trace], None]) -> Callable[[Trace], None]:
@@ -164,6 +180,8 @@ def fan_out(*sinks: Callable[[Trace], None]) -> Callable[[Trace], None]:
 
 __all__ = [
     "TraceFileWriter",
+    "TraceFiles",
+    "TraceSink",
     "fan_out",
     "find_trace",
     "trace_bounds",

@@ -8,6 +8,7 @@ test depends on it).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -30,9 +31,14 @@ CONNECTIONS = 16
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ServerProcess]:
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("traces") / "trace.json"
+
+
+@pytest.fixture(scope="module")
+def cluster(trace_file: Path) -> Iterator[ServerProcess]:
     server = start_server(
-        "--workers", "2", "--allow-shm", "--model-control-mode=explicit", "--load-model=simple",
+        "--workers", "2", "--allow-shm", "--trace-config", f"triton,file={trace_file}", "--model-control-mode=explicit", "--load-model=simple",
         "--load-model=sequence_accumulate", "--load-model=grpc_slow", "--load-model=cpu_burn", timeout=180.0,
     )  # fmt: skip
     try:
@@ -192,6 +198,33 @@ def test_shared_memory_registered_once_serves_every_connection(cluster: ServerPr
             assert client.get_system_shared_memory_status() == []
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_trace_settings_apply_everywhere_and_one_file_holds_every_workers_traces(
+    cluster: ServerProcess, trace_file: Path
+) -> None:
+    setter = grpcclient.InferenceServerClient(cluster.grpc_url)
+    setter.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    try:
+        for client in _http_clients(cluster):  # the new settings everywhere
+            assert client.get_trace_settings()["trace_level"] == ["TIMESTAMPS"]
+        for i, client in enumerate(_http_clients(cluster)):
+            client.infer("simple", _simple_inputs(httpclient, i), request_id=f"traced-{i}")
+    finally:
+        setter.update_trace_settings(settings={"trace_level": ["OFF"]})
+    deadline = time.monotonic() + 10
+    ids: set[str] = set()
+    while time.monotonic() < deadline:
+        if trace_file.is_file():
+            records = json.loads(trace_file.read_text())
+            ids = {r["request_id"] for r in records if r.get("request_id", "").startswith("traced-")}
+            if len(ids) == CONNECTIONS:
+                break
+        time.sleep(0.1)
+    assert ids == {f"traced-{i}" for i in range(CONNECTIONS)}  # both workers' traces, one file
+    assert len({r["id"] for r in records if r.get("model_name")}) == len(
+        [r for r in records if r.get("model_name")]
+    )
 
 
 def _cpu_s(pid: int) -> float:
