@@ -270,6 +270,8 @@ class Supervisor:
         if kind == "statistics":
             parts = await self._gather("local_statistics", message)
             return merge_statistics(parts)
+        if kind == "gather":
+            return await self._gather("local", message)
         if kind == "metrics":
             return merge_metrics(await self._gather("local_metrics", {}))
         raise NotFound(f"supervisor: unknown call '{kind}'")

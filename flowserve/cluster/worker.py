@@ -73,6 +73,7 @@ class WorkerPeers:
         self._load: dict[tuple[int, str], int] = {}  # (worker, model) -> in flight, as last told
         self.spills = 0
         self._tasks: set[asyncio.Task[None]] = set()  # trace notifications being sent
+        self._views: dict[str, Callable[[dict[str, Any]], Any]] = {}  # answers to gather()
         self._attached = asyncio.Event()
         self._apply = asyncio.Lock()  # changes apply one at a time, in the supervisor's order
         self._server: asyncio.Server | None = None
@@ -133,6 +134,13 @@ class WorkerPeers:
             "statistics", {"name": name, "version": version}
         )
         return result
+
+    async def gather(self, kind: str, args: dict[str, Any]) -> list[Any]:
+        answers: list[Any] = await self._supervisor().call("gather", {"kind": kind, "args": args})
+        return answers
+
+    def serve_local(self, kind: str, view: Callable[[dict[str, Any]], Any]) -> None:
+        self._views[kind] = view
 
     async def metrics(self) -> str:
         text: str = await self._supervisor().call("metrics", {})
@@ -237,6 +245,11 @@ class WorkerPeers:
             return None
         if kind == "local_statistics":
             return plane.local_statistics(message["name"], message["version"])
+        if kind == "local":
+            view = self._views.get(message["kind"])
+            if view is None:
+                raise NotFound(f"worker {self.index}: no view '{message['kind']}'")
+            return view(message["args"])
         if kind == "local_metrics":
             return self.local_metrics() if self.local_metrics is not None else ""
         raise NotFound(f"worker {self.index}: unknown call '{kind}'")

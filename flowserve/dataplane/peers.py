@@ -52,6 +52,14 @@ class Peers(Protocol):
         """Run ``request`` on worker ``target`` (here again if that worker is gone)."""
         ...
 
+    async def gather(self, kind: str, args: dict[str, Any]) -> list[Any]:
+        """Every worker's answer to a view registered with :meth:`serve_local` as ``kind``."""
+        ...
+
+    def serve_local(self, kind: str, view: Callable[[dict[str, Any]], Any]) -> None:
+        """Answer ``gather(kind, args)`` for this worker with ``view(args)``."""
+        ...
+
     def status(self) -> dict[str, Any]:
         """The workers: ``workers`` (configured), ``up`` (ready now), ``restarts``, ``ready``."""
         ...

@@ -90,11 +90,70 @@ def node_summary(
     }
 
 
+# averages in the summaries, and the count each is an average over (merging weighs by it)
+_AVERAGES = {
+    "avg_request_us": "success",
+    "avg_queue_us": "success",
+    "avg_compute_us": "execution_count",
+    "avg_us": "calls",
+    "queue_us": "calls",
+    "compute_us": "calls",
+}
+
+
+def merge_summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several workers' summaries of one model or node as one: counts and durations summed,
+    averages weighted by what they average over, the latest time the latest, dicts of counts
+    summed key by key, the rest (names, kinds, the last error) the first worker's."""
+    out = dict(parts[0])
+    for key, value in parts[0].items():
+        values = [p.get(key) for p in parts]
+        if key in _AVERAGES:
+            weights = [p.get(_AVERAGES[key]) or 0 for p in parts]
+            total = sum(weights)
+            out[key] = sum(v * w for v, w in zip(values, weights, strict=True) if v) / total if total else 0.0
+        elif key.startswith("last_") and isinstance(value, int | float):
+            out[key] = max(v for v in values if v is not None)
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int | float):
+            out[key] = sum(v for v in values if isinstance(v, int | float))
+        elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+            merged: dict[str, Any] = {}
+            for v in values:
+                for k, n in (v or {}).items():
+                    merged[k] = merged.get(k, 0) + n
+            out[key] = merged
+        elif key == "target":
+            targets = [v for v in values if v]
+            out[key] = merge_summary(targets) if targets else None
+        elif key == "last_error":
+            out[key] = next((v for v in values if v), value)
+    return out
+
+
+def merge_summaries(name: str, version: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole server's statistics page of one model or graph from every worker's (a worker
+    that runs no part of it, or forwards it to another, says ``model: None``)."""
+    counted = [p for p in parts if p.get("model") is not None]
+    if not counted:
+        return {"name": name, "version": version, "model": None, "nodes": []}
+    nodes = [merge_summary([p["nodes"][i] for p in counted]) for i in range(len(counted[0]["nodes"]))]
+    return {
+        "name": counted[0]["name"],
+        "version": counted[0]["version"],
+        "model": merge_summary([p["model"] for p in counted]),
+        "nodes": nodes,
+    }
+
+
 __all__ = [
     "avg_compute_us",
     "avg_us",
     "batch_counts",
     "compute_ns",
+    "merge_summaries",
+    "merge_summary",
     "model_summary",
     "node_exec",
     "node_summary",

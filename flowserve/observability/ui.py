@@ -33,7 +33,7 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.graph.plan import Plan
 from flowserve.observability import render
 from flowserve.observability.httpserver import ASGIApp, Receive, Scope, Send
-from flowserve.observability.snapshot import model_summary, node_summary
+from flowserve.observability.snapshot import merge_summaries, model_summary, node_summary
 from flowserve.observability.traces import find_trace, trace_dict, trace_summary, triton_trace
 from flowserve.observability.ui_assets import CSS, GRAPH_JS, INDEX_JS
 from flowserve.runtime.servable import Servable
@@ -123,13 +123,13 @@ class UI:
             raise NotFound(f"no page '{path}'")
         api = parts[1:]
         if api == ["models"]:
-            return _json({"models": self.models()})
+            return _json({"models": await self.server_models()})
         if len(api) == 2 and api[0] == "graphs":
             return _json(self.view(api[1], version).as_dict())
         if len(api) == 3 and api[0] == "graphs":
             name, what = api[1], api[2]
             if what == "stats":
-                return _json(self.stats(name, version))
+                return _json(await self.server_stats(name, version))
             if what == "svg":
                 _, svg, _ = await self.svg(name, version, query.get("engine", "auto"))
                 return _Response(200, svg.encode(), "image/svg+xml")
@@ -198,9 +198,33 @@ class UI:
             )
         return out
 
+    async def server_models(self) -> list[dict[str, Any]]:
+        """:meth:`models` with the whole server's counts (with several workers, every worker's
+        requests, from the statistics API)."""
+        models = self.models()
+        if self.plane.peers is None:
+            return models
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        for entry in (await self.plane.server_statistics())["model_stats"]:
+            stats = entry["inference_stats"]
+            counts[(entry["name"], entry["version"])] = (stats["success"]["count"], stats["fail"]["count"])
+        for model in models:
+            model["success"], model["fail"] = counts.get((model["name"], model["version"]), (0, 0))
+        return models
+
+    async def server_stats(self, name: str, version: str = "") -> dict[str, Any]:
+        """:meth:`stats` of the whole server: with several workers, every worker's merged."""
+        peers = self.plane.peers
+        if peers is None:
+            return self.stats(name, version)
+        self._plan(name, version)  # NotFound here, as in one process
+        return merge_summaries(
+            name, version, await peers.gather("ui_stats", {"name": name, "version": version})
+        )
+
     def stats(self, name: str, version: str = "") -> dict[str, Any]:
         _, servable = self._plan(name, version)
-        if servable is None:
+        if servable is None or servable.forwarded:  # another worker counts a forwarded one
             return {"name": name, "version": version, "model": None, "nodes": []}
         return {
             "name": servable.name,
@@ -361,7 +385,10 @@ async def _dot_svg(dot: str, timeout_s: float = 30.0) -> str:
 
 def make_ui_app(plane: DataPlane, prefix: str = "/ui", interval_ms: int = 1000) -> ASGIApp:
     """The web page as a raw ASGI app, to mount at ``prefix`` on the HTTP port."""
-    return UI(plane, prefix, interval_ms)
+    ui = UI(plane, prefix, interval_ms)
+    if plane.peers is not None:  # with several workers: this worker's share, for the merged whole
+        plane.peers.serve_local("ui_stats", lambda args: ui.stats(args["name"], args["version"]))
+    return ui
 
 
 __all__ = ["UI", "make_ui_app"]

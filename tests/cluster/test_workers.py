@@ -165,6 +165,18 @@ def test_statistics_and_metrics_count_every_request_whatever_worker_served_it(cl
     assert _metric(cluster, "flowserve_workers", state="up") == 2
 
 
+def test_the_ui_shows_the_whole_server(cluster: ServerProcess) -> None:
+    for i, client in enumerate(_http_clients(cluster)):
+        client.infer("simple", _simple_inputs(httpclient, i))
+    total = _success(cluster, "simple")
+    base = f"http://{cluster.http_url}/ui/api"
+    for _ in range(8):  # new connections each time: both workers answer, alike
+        models = json.loads(urllib.request.urlopen(f"{base}/models", timeout=30).read())["models"]
+        assert next(m for m in models if m["name"] == "simple")["success"] == total
+        stats = json.loads(urllib.request.urlopen(f"{base}/graphs/simple/stats", timeout=30).read())
+        assert stats["model"]["success"] == total and stats["nodes"][0]["inference_count"] >= total
+
+
 def test_shared_memory_registered_once_serves_every_connection(cluster: ServerProcess) -> None:
     import tritonclient.utils.shared_memory as shm
 
