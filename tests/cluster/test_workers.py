@@ -321,6 +321,19 @@ def test_a_killed_worker_loses_no_request_silently_and_the_server_recovers(clust
         futures = [pool.submit(load) for _ in range(4)]
         time.sleep(1.0)
         os.kill(workers[0], signal.SIGKILL)
+        # while it is down the server says so: not ready, one worker up (the other answers)
+        seen_down = False
+        probe = httpclient.InferenceServerClient(cluster.http_url)
+        down_until = time.monotonic() + 10
+        while time.monotonic() < down_until and not seen_down:
+            try:
+                seen_down = (
+                    not probe.is_server_ready() and _metric(cluster, "flowserve_workers", state="up") == 1
+                )
+            except Exception:
+                probe = httpclient.InferenceServerClient(cluster.http_url)
+            time.sleep(0.05)
+        assert seen_down
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # restarted, caught up, ready again
             pids = _workers(cluster)
