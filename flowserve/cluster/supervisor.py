@@ -67,13 +67,25 @@ class WorkerProcess:
 def compact(changes: list[tuple[str, dict[str, Any]]], op: str, args: dict[str, Any]) -> None:
     """Add a change, dropping the ones it makes moot: a model's load or unload replaces the
     earlier ones of that model; a region's register or unregister the earlier ones of that
-    region (an unregister of all regions, every earlier one)."""
+    region (an unregister of all regions, every earlier one); what is left of a trace count the
+    earlier word on it."""
     if op in ("load", "unload") and not (op == "load" and "split_weights" in (args.get("parameters") or {})):
         name = args["name"]
         changes[:] = [
             c
             for c in changes
             if not (c[0] in ("load", "unload") and c[1]["name"] == name and not _weights(c))
+        ]
+    elif op == "trace_settings" and set(args["settings"]) == {"trace_count"}:
+        model = args.get("model", "")
+        changes[:] = [
+            c
+            for c in changes
+            if not (
+                c[0] == "trace_settings"
+                and c[1]["model"] == model
+                and set(c[1]["settings"]) == {"trace_count"}
+            )
         ]
     elif op in ("register_shm", "unregister_shm"):
         region = args.get("name", "")
@@ -85,6 +97,16 @@ def compact(changes: list[tuple[str, dict[str, Any]]], op: str, args: dict[str, 
         if op == "unregister_shm":
             return  # nothing left to replay for it
     changes.append((op, args))
+
+
+def _integer(value: Any) -> int | None:
+    """A trace setting's integer as the protocols send it (an int, a string, a list of one)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _weights(change: tuple[str, dict[str, Any]]) -> bool:
@@ -99,6 +121,7 @@ class Supervisor:
         self.changes: list[tuple[str, dict[str, Any]]] = []
         self.restarts = 0
         self.trace_files = TraceFiles()  # every worker's traces, in one file per trace_file
+        self.trace_counts: dict[str, int] = {}  # what is left of a limited trace count, by model
         self.stopping = False
         self._change = asyncio.Lock()  # one change at a time, everywhere in one order
         self._all_ready = asyncio.Event()
@@ -257,6 +280,9 @@ class Supervisor:
             async with self._change:  # the changes so far, then every later one
                 worker.link = link
                 return {"changes": list(self.changes), "cluster": self._cluster()}
+        if kind == "trace_taken":  # a worker took one of the server's trace count
+            await self._trace_taken(message)
+            return None
         if kind == "trace":  # a worker's finished trace, for the one trace file
             path, log_frequency, trace = message
             self.trace_files.add(path, log_frequency, trace)
@@ -282,6 +308,25 @@ class Supervisor:
             await self._everywhere("apply", {"op": op, "args": args})
             if op in CHANGES:
                 compact(self.changes, op, args)
+            if op == "trace_settings" and "trace_count" in args["settings"]:
+                count = _integer(args["settings"]["trace_count"])
+                if count is not None:
+                    self.trace_counts[args["model"]] = count
+
+    async def _trace_taken(self, model: str) -> None:
+        """One trace of a limited trace count was taken somewhere: every worker learns what is
+        left (each counted its own down already, so at most one per worker too many are taken
+        while the news travels), and so will a worker that starts later."""
+        left = self.trace_counts.get(model)
+        if left is None or left <= 0:
+            return
+        left -= 1
+        self.trace_counts[model] = left
+        compact(self.changes, "trace_settings", {"settings": {"trace_count": str(left)}, "model": model})
+        for worker in self.workers:
+            if worker.link is not None and not worker.link.closed:
+                with contextlib.suppress(Exception):
+                    await worker.link.notify("trace_count", {"model": model, "count": left})
 
     async def _everywhere(self, kind: str, message: dict[str, Any]) -> list[Any]:
         links = [w.link for w in self.workers if w.link is not None and not w.link.closed]

@@ -193,14 +193,21 @@ class WorkerPeers:
         assert self.plane is not None
         return await self.plane.infer(request, spill=False)
 
-    def trace_file(self, path: str, log_frequency: int, trace: Trace) -> None:
-        """A finished trace for the server's trace file, which the supervisor writes."""
+    def trace_taken(self, model: str) -> None:
+        self._notify("trace_taken", model)
+
+    def _notify(self, kind: str, message: Any) -> None:
+        """Tell the supervisor without waiting (from code that cannot await)."""
         link = self.supervisor
         if link is None or link.closed:
             return
-        task = asyncio.get_running_loop().create_task(link.notify("trace", (path, log_frequency, trace)))
+        task = asyncio.get_running_loop().create_task(link.notify(kind, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def trace_file(self, path: str, log_frequency: int, trace: Trace) -> None:
+        """A finished trace for the server's trace file, which the supervisor writes."""
+        self._notify("trace", (path, log_frequency, trace))
 
     def _supervisor(self) -> Link:
         link = self.supervisor
@@ -230,6 +237,11 @@ class WorkerPeers:
     async def handle(self, kind: str, message: Any) -> Any:
         if kind == "cluster":  # the supervisor's readiness news: no need to be attached
             self._cluster.update(message)
+            return None
+        if kind == "trace_count":  # the server's trace count after another worker's trace
+            await self._attached.wait()
+            assert self.plane is not None
+            await self.plane.apply("trace_count", message)
             return None
         await self._attached.wait()
         plane = self.plane

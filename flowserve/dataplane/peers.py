@@ -60,6 +60,11 @@ class Peers(Protocol):
         """Answer ``gather(kind, args)`` for this worker with ``view(args)``."""
         ...
 
+    def trace_taken(self, model: str) -> None:
+        """This worker took one trace of the trace count of ``model``'s settings ("": the
+        global ones); the count is the whole server's, kept by the supervisor."""
+        ...
+
     def status(self) -> dict[str, Any]:
         """The workers: ``workers`` (configured), ``up`` (ready now), ``restarts``, ``ready``."""
         ...

@@ -244,6 +244,8 @@ class DataPlane:
             return None
         if settings.trace_count > 0:
             settings.trace_count -= 1
+            if self.peers is not None:  # the count is the whole server's: the others hear of it
+                self.peers.trace_taken(model if model in self.model_trace_settings else "")
         return Trace(request.id, model, [])
 
     # ------------------------------------------------------------ repository
@@ -350,6 +352,11 @@ class DataPlane:
             self.update_trace_settings(args["settings"], args["model"])
         elif op == "log_settings":
             self.update_log_settings(args["settings"])
+        elif op == "trace_count":  # what is left of the server's trace count, after a trace
+            model = args["model"]
+            target = self.model_trace_settings.get(model) if model else self.trace_settings
+            if target is not None:
+                target.trace_count = args["count"]
         elif op == "poll":
             await self.engine.poll_once()
         else:

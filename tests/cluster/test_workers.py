@@ -234,6 +234,22 @@ def test_trace_settings_apply_everywhere_and_one_file_holds_every_workers_traces
                 break
         time.sleep(0.1)
     assert ids == {f"traced-{i}" for i in range(CONNECTIONS)}  # both workers' traces, one file
+    # a trace count is the whole server's, not one per worker
+    setter.update_trace_settings(
+        settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "4"}
+    )
+    try:
+        for i, client in enumerate(_http_clients(cluster)):
+            client.infer("simple", _simple_inputs(httpclient, i), request_id=f"counted-{i}")
+            time.sleep(0.05)  # the count's news reaches every worker
+        left = [c.get_trace_settings()["trace_count"] for c in _http_clients(cluster, 4)]
+    finally:
+        setter.update_trace_settings(settings={"trace_level": ["OFF"], "trace_count": "-1"})
+    time.sleep(0.5)
+    records = json.loads(trace_file.read_text())
+    counted = {r["request_id"] for r in records if r.get("request_id", "").startswith("counted-")}
+    assert len(counted) == 4, counted
+    assert left == ["0"] * 4
     assert len({r["id"] for r in records if r.get("model_name")}) == len(
         [r for r in records if r.get("model_name")]
     )
