@@ -29,12 +29,12 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound
-from flowserve.dataplane.plane import DataPlane
+from flowserve.dataplane.plane import DataPlane, Trace
 from flowserve.graph.plan import Plan
 from flowserve.observability import render
 from flowserve.observability.httpserver import ASGIApp, Receive, Scope, Send
 from flowserve.observability.snapshot import merge_summaries, model_summary, node_summary
-from flowserve.observability.traces import find_trace, trace_dict, trace_summary, triton_trace
+from flowserve.observability.traces import find_trace, trace_bounds, trace_dict, trace_summary, triton_trace
 from flowserve.observability.ui_assets import CSS, GRAPH_JS, INDEX_JS
 from flowserve.runtime.servable import Servable
 
@@ -138,9 +138,9 @@ class UI:
             if what == "mmd":
                 return _Response(200, render.to_mermaid(self.view(name, version)).encode(), "text/plain")
         if api == ["traces"]:
-            return _json(self.traces(query))
+            return _json(self._traces_of(await self._recent(query.get("model", "")), query))
         if len(api) == 2 and api[0] == "traces":
-            trace = find_trace(self.plane.traces, api[1])
+            trace = find_trace(await self._recent(""), api[1])
             if trace is None:
                 raise NotFound(f"no trace '{api[1]}' (only the most recent are kept)")
             return _json(trace_dict(trace))
@@ -236,13 +236,23 @@ class UI:
             ],
         }
 
+    async def _recent(self, model: str) -> list[Trace]:
+        """The recent traces (of ``model``; "": all) of the whole server, oldest first: with
+        several workers, every worker's, in the order they started."""
+        peers = self.plane.peers
+        if peers is None:
+            return self.plane.recent_traces(model)
+        parts = await peers.gather("recent_traces", {"model": model})
+        return sorted((t for part in parts for t in part), key=lambda t: trace_bounds(t.spans)[0])
+
     def traces(self, query: dict[str, str]) -> dict[str, Any]:
-        model = query.get("model", "")
+        return self._traces_of(self.plane.recent_traces(query.get("model", "")), query)
+
+    def _traces_of(self, kept: list[Trace], query: dict[str, str]) -> dict[str, Any]:
         try:
             limit = max(0, int(query.get("limit", "50")))
         except ValueError:
             raise InvalidArgument("limit must be an integer") from None
-        kept = self.plane.recent_traces(model)
         newest = list(reversed(kept))[:limit]
         if query.get("format") == "triton":
             records: list[dict[str, Any]] = []
@@ -388,6 +398,7 @@ def make_ui_app(plane: DataPlane, prefix: str = "/ui", interval_ms: int = 1000) 
     ui = UI(plane, prefix, interval_ms)
     if plane.peers is not None:  # with several workers: this worker's share, for the merged whole
         plane.peers.serve_local("ui_stats", lambda args: ui.stats(args["name"], args["version"]))
+        plane.peers.serve_local("recent_traces", lambda args: plane.recent_traces(args["model"]))
     return ui
 
 

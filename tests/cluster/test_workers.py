@@ -234,6 +234,11 @@ def test_trace_settings_apply_everywhere_and_one_file_holds_every_workers_traces
                 break
         time.sleep(0.1)
     assert ids == {f"traced-{i}" for i in range(CONNECTIONS)}  # both workers' traces, one file
+    for _ in range(4):  # and the UI lists every worker's, whichever answers
+        listed = json.loads(
+            urllib.request.urlopen(f"http://{cluster.http_url}/ui/api/traces?limit=500").read()
+        )
+        assert {t["request_id"] for t in listed["traces"]} >= ids
     # a trace count is the whole server's, not one per worker
     setter.update_trace_settings(
         settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "4"}
