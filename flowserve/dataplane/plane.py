@@ -192,8 +192,16 @@ class DataPlane:
             admission.leave(model)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """Every response to one request (several for a decoupled model or graph)."""
+        """Every response to one request (several for a decoupled model or graph). With several
+        workers, the one response of a model that is not decoupled may come from another worker,
+        as in :meth:`infer` (a decoupled model's stream runs here)."""
         model = request.model
+        peers = self.peers
+        if peers is not None:
+            target = peers.spill_target(model, self.admission.of(model))
+            if target is not None:
+                yield await peers.spill(target, request)
+                return
         self.admission.enter(model)
         trace = self._maybe_trace(request)
         try:

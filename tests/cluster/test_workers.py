@@ -296,6 +296,38 @@ def test_one_grpc_connection_uses_every_worker(cluster: ServerProcess) -> None:
     assert _cpu_s(other) - before > 0.06
 
 
+def test_one_grpc_stream_uses_every_worker(cluster: ServerProcess) -> None:
+    """ModelStreamInfer (perf_analyzer --streaming): a model that is not decoupled answers each
+    request of the stream once, from whichever worker is less busy."""
+    client = grpcclient.InferenceServerClient(cluster.grpc_url)
+    assert client.is_model_ready("cpu_burn")
+    spread = _spread(cluster, cluster.grpc_port)
+    holder = _workers(cluster)[spread.index(max(spread))]
+    other = next(pid for pid in _workers(cluster) if pid != holder)
+    before = _cpu_s(other)
+    done: list[Any] = []
+    lock = threading.Condition()
+
+    def finished(result: Any, error: Any) -> None:
+        with lock:
+            done.append(error if error is not None else result)
+            lock.notify_all()
+
+    count = 60
+    client.start_stream(callback=finished)
+    try:
+        for i in range(count):
+            inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+            inp.set_data_from_numpy(np.array([float(i)], np.float32))
+            client.async_stream_infer("cpu_burn", [inp])
+        with lock:
+            assert lock.wait_for(lambda: len(done) == count, timeout=60)
+    finally:
+        client.stop_stream()
+    assert sorted(float(r.as_numpy("OUTPUT0")[0]) for r in done) == [float(i) for i in range(count)]
+    assert _cpu_s(other) - before > 0.06
+
+
 def test_interleaved_sequences_over_many_connections_keep_their_sums(cluster: ServerProcess) -> None:
     clients = _grpc_clients(cluster, 8)
     sequences = {1000 + s: list(range(1, 6 + s)) for s in range(8)}
