@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from flowserve.core.errors import InvalidArgument, SpecIssue
+from flowserve.core.version import VERSION
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
 from flowserve.nodes.factory import compile_all
 from flowserve.repository.repository import add_import_roots, scan_all
@@ -230,12 +232,32 @@ def _workers(text: str) -> int:
     return count
 
 
+def _unreadable_sources(args: argparse.Namespace, graphs: list[Path]) -> str | None:
+    """The first repository or graph folder given that cannot be served (missing, not a
+    directory, unreadable), as one line naming it; None when all can be read."""
+    from flowserve.repository.remote import is_remote
+
+    given = [("--model-repository", p) for p in args.model_repository or [] if not is_remote(p)]
+    given += [("--graphs", str(p)) for p in graphs]
+    for flag, text in given:
+        path = Path(text)
+        if not path.exists():
+            return f"{flag} {text}: no such directory"
+        if flag == "--model-repository" and not path.is_dir():
+            return f"{flag} {text}: not a directory"
+        if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+            return f"{flag} {text}: permission denied (cannot read it)"
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from flowserve.dataplane.access import GRPC_HEADER_PREFIX, Restrictions
     from flowserve.dataplane.plane import Limits
     from flowserve.server import exit_watchdog, serve
 
-    faulthandler.enable()  # a crash in native code prints the Python stacks of every thread
+    # a crash in native code prints the Python stacks of every thread (unless stderr is no file)
+    with contextlib.suppress(OSError, ValueError):
+        faulthandler.enable()
     try:
         http_restrictions = Restrictions.parse(args.http_restricted_api or [])
         grpc_restrictions = Restrictions.parse(args.grpc_restricted_protocol or [], GRPC_HEADER_PREFIX)
@@ -243,6 +265,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     repos, graphs = _sources(args)
+    problem = _unreadable_sources(args, graphs)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.strict_model_config:
+        print(
+            "warning: --strict-model-config=true is not enforced: configs are auto-completed where "
+            "the model allows it",
+            file=sys.stderr,
+        )
     try:
         remote, rate_limits = _remote_and_rate_limits(args)
         header_forward = _header_forward(args)
@@ -283,10 +315,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         rate_limit_resources=rate_limits,
         header_forward=header_forward,
         host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
+        http_port=args.http_port if args.allow_http else -1,
+        grpc_port=args.grpc_port if args.allow_grpc else -1,
+        metrics_port=args.metrics_port if args.allow_metrics else -1,
         allow_shm=args.allow_shm,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
         limits=Limits(
             max_request_bytes=args.max_request_bytes,
             max_tensor_elements=args.max_tensor_elements,
@@ -322,17 +356,87 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, argparse.SUPPRESS, [], ()) or "%(default)" in text or not text:
+            return text
+        if isinstance(action, argparse._StoreTrueAction | argparse._VersionAction):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A command-line mistake is one line on stderr (and status 2), never a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _log_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--log-level and --log-json, before or after the subcommand (after: ``default`` SUPPRESS,
+    so an option given before the subcommand is not overwritten)."""
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="INFO" if default is None else default,
+        help="log level" if default is None else "log level (default: INFO)",
+    )
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        default=False if default is None else default,
+        help="log one JSON object per line",
+    )
+
+
+def _source_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-repository",
+        "--model-store",
+        action="append",
+        metavar="DIR",
+        help="a Triton model repository (repeatable; default: ./model_repository with ./graphs)",
+    )
+    parser.add_argument(
+        "--graphs", action="append", metavar="DIR", help="a folder of YAML graphs (repeatable)"
+    )
+
+
 def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowserve", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="flowserve", description=__doc__, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"flowserve {VERSION}")
+    _log_flags(parser, None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    _log_flags(common, argparse.SUPPRESS)
+
+    def command(name: str, help_text: str, under: Any = sub) -> argparse.ArgumentParser:
+        new: argparse.ArgumentParser = under.add_parser(
+            name, help=help_text, description=help_text, parents=[common], formatter_class=_Formatter
+        )
+        return new
 
     # every default is the settings object's (flowserve/settings.py), with FLOWSERVE_* applied
     d = Settings.from_env() if defaults is None else defaults
-    serve = sub.add_parser("serve", help="serve model repositories and graphs")
-    serve.add_argument("--model-repository", action="append", metavar="DIR")
-    serve.add_argument("--graphs", action="append", metavar="DIR")
+    serve = command("serve", "serve model repositories and graphs")
+    serve.add_argument(
+        "--model-repository",
+        "--model-store",
+        action="append",
+        metavar="DIR|URL",
+        help="a Triton model repository (repeatable; s3://, gs://, az:// too). With neither this nor "
+        "--graphs: ./model_repository and ./graphs, where present",
+    )
+    serve.add_argument(
+        "--graphs", action="append", metavar="DIR", help="a folder of YAML graphs (repeatable)"
+    )
     serve.add_argument(
         "--workers",
         type=_workers,
@@ -341,10 +445,46 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="worker processes serving as one server (auto: one per usable core); pinned models "
         "(sequences, response cache, rate limiter, GPU, flowserve.pin) load in one worker only",
     )
-    serve.add_argument("--host", default=d.host)
-    serve.add_argument("--http-port", type=int, default=d.http_port, help="negative: no HTTP listener")
-    serve.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    serve.add_argument("--metrics-port", type=int, default=d.metrics_port)
+    serve.add_argument(
+        "--host",
+        "--http-address",
+        "--grpc-address",
+        "--metrics-address",
+        default=d.host,
+        metavar="ADDRESS",
+        help="the address every listener binds (Triton's --http-address, --grpc-address and "
+        "--metrics-address are accepted: here one address serves all three)",
+    )
+    for kind, port, what in (
+        ("http", d.http_port, "HTTP/REST"),
+        ("grpc", d.grpc_port, "gRPC"),
+        ("metrics", d.metrics_port, "Prometheus /metrics"),
+    ):
+        serve.add_argument(
+            f"--{kind}-port", type=int, default=port, metavar="PORT", help=f"{what} port (negative: off)"
+        )
+    for kind, what in (("http", "HTTP/REST"), ("grpc", "gRPC"), ("metrics", "/metrics")):
+        serve.add_argument(
+            f"--allow-{kind}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
+            help=f"serve {what} (Triton's flag; false: the same as a negative --{kind}-port)",
+        )  # fmt: skip
+    readiness = serve.add_argument_group("startup and readiness (Triton's options)")
+    readiness.add_argument(
+        "--strict-readiness", type=_flag, nargs="?", const=True, default=d.strict_readiness, metavar="BOOL",
+        help="not ready (/v2/health/ready, gRPC ServerReady) while a model or graph failed to load; "
+        "false: ready once serving, whatever failed",
+    )  # fmt: skip
+    readiness.add_argument(
+        "--exit-on-error", type=_flag, nargs="?", const=True, default=d.exit_on_error, metavar="BOOL",
+        help="exit with status 1 when a model or graph fails to load at start (Triton's default is "
+        "true; here false: the others serve and, with --strict-readiness, the server is not ready)",
+    )  # fmt: skip
+    readiness.add_argument(
+        "--strict-model-config", "--disable-auto-complete-config", type=_flag, nargs="?", const=True,
+        default=False, metavar="BOOL",
+        help="accepted for Triton's command lines; configs are always auto-completed where a model "
+        "allows it (Triton's default), true only logs a warning",
+    )  # fmt: skip
     serve.add_argument(
         "--trace-config",
         action="append",
@@ -381,7 +521,13 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     serve.add_argument(
         "--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)"
     )
-    serve.add_argument("--repository-poll-secs", type=float, default=d.repository.poll_secs)
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=d.repository.poll_secs,
+        metavar="S",
+        help="poll mode: seconds between two scans of the repositories",
+    )
     serve.add_argument(
         "--repository-cache-dir",
         metavar="DIR",
@@ -396,7 +542,11 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "--repository-settle-secs apart) or 'marker' (it holds a .complete file, written last)",
     )
     serve.add_argument(
-        "--repository-settle-secs", type=float, default=d.repository.remote.settle_s, metavar="S"
+        "--repository-settle-secs",
+        type=float,
+        default=d.repository.remote.settle_s,
+        metavar="S",
+        help="--repository-complete stable: how far apart the two listings are",
     )
     serve.add_argument(
         "--rate-limit",
@@ -428,16 +578,20 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     serve.add_argument(
         "--inline-threshold-us",
         type=float,
+        metavar="US",
         default=d.repository.inline_threshold_us,
         help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
     serve.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
     serve.add_argument(
-        "--allow-shm", action="store_true", default=d.allow_shm, help="allow client system shared memory"
-    )
+        "--allow-shm", type=_flag, nargs="?", const=True, default=d.allow_shm, metavar="BOOL",
+        help="client system shared memory (on, as in Triton; --allow-shm=false refuses it; "
+        "--http-restricted-api / --grpc-restricted-protocol shared-memory:KEY=VALUE restricts it)",
+    )  # fmt: skip
     serve.add_argument(
         "--max-request-bytes",
         type=int,
+        metavar="BYTES",
         default=d.limits.max_request_bytes,
         help="largest request body accepted",
     )
@@ -524,6 +678,12 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "--max-request-bytes; larger tensors go as binary data",
     )
     serve.add_argument(
+        "--log-verbose",
+        type=int,
+        metavar="N",
+        help="Triton's verbose logging level: 1 or more logs at DEBUG (the same as --log-level DEBUG)",
+    )
+    serve.add_argument(
         "--log-file",
         metavar="PATH",
         help="also write the log to this file (Triton's flag; the only way to set it: the logging API "
@@ -572,32 +732,39 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    validate = sub.add_parser("validate", help="check repositories and graphs, list every error")
-    validate.add_argument("paths", nargs="+")
+    validate = command("validate", "check repositories and graphs, list every error")
+    validate.add_argument(
+        "paths", nargs="+", metavar="PATH", help="model repositories, graph folders or files"
+    )
     validate.set_defaults(func=cmd_validate)
 
-    graph = sub.add_parser("graph", help="inspect graphs")
-    graph_sub = graph.add_subparsers(dest="graph_command", required=True)
-    glist = graph_sub.add_parser("list", help="list models and graphs with their nodes")
-    glist.add_argument("--model-repository", action="append", metavar="DIR")
-    glist.add_argument("--graphs", action="append", metavar="DIR")
+    graph = command("graph", "inspect graphs")
+    graph_sub = graph.add_subparsers(dest="graph_command", required=True, metavar="COMMAND")
+    glist = command("list", "list models and graphs with their nodes", graph_sub)
+    _source_flags(glist)
     glist.set_defaults(func=cmd_graph_list)
-    grender = graph_sub.add_parser(
-        "render", help="draw a model or graph: DOT, Mermaid (.mmd), SVG, PNG or a self-contained HTML page"
+    grender = command(
+        "render",
+        "draw a model or graph: DOT, Mermaid (.mmd), SVG, PNG or a self-contained HTML page",
+        graph_sub,
     )
     grender.add_argument("name", metavar="NAME_OR_FILE", help="a model/graph name, or a YAML graph file")
     grender.add_argument(
-        "-o", "--output", default="-", help="output file; the extension picks the format (default: stdout)"
+        "-o", "--output", default="-", help="output file ('-': stdout); the extension picks the format"
     )
-    grender.add_argument("--format", choices=["dot", "mmd", "mermaid", "svg", "png", "html"])
+    grender.add_argument(
+        "--format",
+        choices=["dot", "mmd", "mermaid", "svg", "png", "html"],
+        help="output format (default: from the output file's extension; dot on stdout)",
+    )
     grender.add_argument(
         "--layout",
         choices=["auto", "dot", "builtin"],
         default="auto",
-        help="SVG/HTML layout: graphviz's dot (needed for PNG) or the built-in one (auto: dot if installed)",
+        help="SVG/HTML layout: graphviz's dot (PNG always needs it) or the built-in one (auto: dot if "
+        "installed)",
     )
-    grender.add_argument("--model-repository", action="append", metavar="DIR")
-    grender.add_argument("--graphs", action="append", metavar="DIR")
+    _source_flags(grender)
     grender.set_defaults(func=cmd_graph_render)
     return parser
 
@@ -608,11 +775,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    args = build_parser(defaults).parse_args(argv)
+    parser = build_parser(defaults)
+    args = parser.parse_args(argv)
     from flowserve.observability.logs import configure
 
-    configure(args.log_level, json_lines=args.log_json)
-    result: int = args.func(args)
+    level = "DEBUG" if (getattr(args, "log_verbose", None) or 0) > 0 else args.log_level
+    configure(level, json_lines=args.log_json)
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
     return result
 
 

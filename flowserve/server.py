@@ -10,14 +10,17 @@ serving the process ends with status 0 anyway (see :func:`exit_watchdog`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
+from flowserve.core.errors import FlowserveError
 from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import ByteBudget, Guards
@@ -25,6 +28,7 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.repository.placement import Placement
+from flowserve.runtime.registry import State, Status
 from flowserve.settings import Settings
 
 if TYPE_CHECKING:
@@ -50,6 +54,31 @@ class Listener(Protocol):
 ServerOptions = Settings
 
 
+class StartupError(Exception):
+    """The server cannot start (a port in use, ...): one line for the operator, no traceback."""
+
+
+def failed_models(plane: DataPlane) -> list[Status]:
+    """Models and graphs that were to load and are unavailable (failed to load, or failed to
+    compile), not the ones unloaded on purpose nor a version that failed beside a serving one."""
+    registry = plane.engine.registry
+    return [
+        s
+        for s in registry.index()
+        if s.state is State.UNAVAILABLE and s.reason != "unloaded" and not registry.has(s.name)
+    ]
+
+
+class ServerPlane(DataPlane):
+    """The data plane with Triton's ``--strict-readiness``: not ready while a model or graph
+    failed (see :func:`failed_models`)."""
+
+    strict_readiness = True
+
+    def ready(self) -> bool:
+        return super().ready() and not (self.strict_readiness and failed_models(self))
+
+
 class Server:
     def __init__(self, options: ServerOptions, peers: WorkerPeers | None = None, worker: int = 0) -> None:
         """``peers`` and ``worker``: this server is worker ``worker`` of several (started by
@@ -59,6 +88,8 @@ class Server:
         self.worker = worker
         self.plane: DataPlane | None = None
         self.listeners: list[Listener] = []
+        # (protocol, address) of each started listener, as bound (port 0 becomes the real one)
+        self.addresses: list[tuple[str, str]] = []
         self.exporter: OtlpExporter | None = None
 
     async def start(self) -> DataPlane:
@@ -78,7 +109,8 @@ class Server:
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
         guards = Guards(opts.max_connections, ByteBudget(opts.max_buffered_request_bytes))
         open_files_for(opts.max_connections)
-        plane = DataPlane(engine, shm, opts.limits, admission=admission, guards=guards)
+        plane = ServerPlane(engine, shm, opts.limits, admission=admission, guards=guards)
+        plane.strict_readiness = opts.strict_readiness
         if opts.log_file:
             plane.update_log_settings({"log_file": opts.log_file}, from_network=False)
         plane.header_forward = dict(opts.header_forward)
@@ -93,8 +125,10 @@ class Server:
                 from flowserve.observability.ui import make_ui_app
 
                 mounts = {"/ui": make_ui_app(plane)}
-                self.listeners.append(
-                    await start_http(
+                await self._started(
+                    "HTTP",
+                    opts.http_port,
+                    start_http(
                         plane,
                         opts.host,
                         opts.http_port,
@@ -105,13 +139,15 @@ class Server:
                         body_timeout_s=opts.http_body_timeout_s,
                         max_json_bytes=opts.http_max_json_bytes,
                         reuse_port=shared,
-                    )
+                    ),
                 )
             if opts.grpc_port >= 0:
                 from flowserve.frontends.grpc import start_grpc
 
-                self.listeners.append(
-                    await start_grpc(
+                await self._started(
+                    "gRPC",
+                    opts.grpc_port,
+                    start_grpc(
                         plane,
                         opts.host,
                         opts.grpc_port,
@@ -122,16 +158,34 @@ class Server:
                         handshake_timeout_s=opts.grpc_handshake_timeout_s,
                         idle_timeout_s=opts.grpc_idle_timeout_s,
                         reuse_port=shared,
-                    )
+                    ),
                 )
             if opts.metrics_port >= 0:
                 from flowserve.observability.metrics import start_metrics
 
-                self.listeners.append(await start_metrics(plane, opts.host, opts.metrics_port, shared))
+                await self._started(
+                    "metrics", opts.metrics_port, start_metrics(plane, opts.host, opts.metrics_port, shared)
+                )
         except BaseException:
             await self.stop()
             raise
         return plane
+
+    async def _started(self, protocol: str, port: int, starting: Awaitable[Listener]) -> None:
+        """Start one listener; a port that cannot be bound is a :class:`StartupError` naming it."""
+        host = self.options.host
+        try:
+            listener = await starting
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                reason = "address already in use (another server on that port? choose one with "
+                reason += f"--{protocol.lower()}-port, or -1 to turn the {protocol} listener off)"
+            raise StartupError(f"cannot listen for {protocol} on {_address(host, port)}: {reason}") from exc
+        self.listeners.append(listener)
+        url = _address(host, listener.port)
+        shown = {"HTTP": f"http://{url}", "metrics": f"http://{url}/metrics"}.get(protocol, url)
+        self.addresses.append((protocol, shown))
 
     def _tracing(self, plane: DataPlane) -> None:
         """Trace outputs: Triton's trace files always; with --trace-config mode=opentelemetry,
@@ -178,6 +232,9 @@ class Server:
 
 
 async def serve(options: ServerOptions) -> int:
+    """Run the server until SIGINT/SIGTERM; 0 after a clean stop, 1 when it cannot start (the
+    reason in one line on stderr: a port in use, a repository that cannot be read, with
+    ``exit_on_error`` a model that failed to load)."""
     if options.workers > 1:  # one server of several processes (flowserve/cluster/)
         from flowserve.cluster.supervisor import Supervisor
 
@@ -187,20 +244,78 @@ async def serve(options: ServerOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
-    await server.start()
+    try:
+        plane = await server.start()
+    except (StartupError, OSError) as exc:
+        return _cannot_start(str(exc))
+    except FlowserveError as exc:
+        return _cannot_start(exc.message)
+    failed = failed_models(plane)
+    print(startup_table(plane, server.addresses), flush=True)
+    if failed and options.exit_on_error:
+        await server.stop()
+        names = ", ".join(s.name for s in failed)
+        return _cannot_start(f"{len(failed)} model(s) failed to load ({names}); exiting (--exit-on-error)")
     # Everything loaded so far lives as long as the server: move it out of the collector's
     # sight, so full collections scan only what requests leave behind (they took tens of ms
     # with the frameworks' modules on the heap, showing up as p99 spikes under load).
     gc.collect()
     gc.freeze()
-    ports = ", ".join(f"{type(x).__name__} :{x.port}" for x in server.listeners)
+    ports = ", ".join(f"{protocol} {address}" for protocol, address in server.addresses)
     log.info("flowserve ready (%s)", ports)
-    print(f"flowserve ready: {ports}", flush=True)
+    if failed and options.strict_readiness:
+        log.warning(
+            "%d model(s) failed to load: the server is live but not ready (--strict-readiness); "
+            "it serves the others",
+            len(failed),
+        )
+    print(f"flowserve ready: {ports or 'no listener'}", flush=True)
     await stopping.wait()
     log.info("shutting down (in-flight requests get %.0f s)", options.shutdown_grace_s)
     await server.stop()
     log.info("stopped")
     return 0
+
+
+def _cannot_start(message: str) -> int:
+    log.debug("startup failed", exc_info=True)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def startup_table(plane: DataPlane, addresses: list[tuple[str, str]]) -> str:
+    """What the server loaded, as Triton prints it at start: every model and graph with its
+    version, state and (when unavailable) why, then the addresses the listeners are bound to."""
+    statuses = plane.engine.registry.index()
+    repository = plane.engine.repository
+    rows = [("MODEL", "KIND", "VERSION", "STATUS")]
+    for status in statuses:
+        state = status.state.value
+        if status.reason and status.state is not State.READY:
+            state += f": {' '.join(status.reason.split())}"
+        model = repository.models.get(status.name)
+        if status.name in repository.graphs:
+            kind = "graph"
+        elif model is not None:
+            kind = model.platform if model.platform == "ensemble" else model.backend or model.platform
+        else:
+            kind = "-"
+        rows.append((status.name, kind, status.version or "-", state))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {version:<{widths[2]}}  {state}"
+        for name, kind, version, state in rows
+    ]
+    if len(rows) == 1:
+        lines.append("(no models or graphs)")
+    ready = sum(1 for s in statuses if s.state is State.READY)
+    lines.append(f"{ready} of {len(statuses)} ready")
+    lines += [f"{protocol:<8}{address}" for protocol, address in addresses]
+    return "\n".join(lines)
 
 
 # file descriptors beyond the listeners' connections: models, logs, shared memory, the loop

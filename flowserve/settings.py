@@ -3,7 +3,7 @@
 :class:`Settings` is what a server is started with. It is fed by the command line (``cli.py``
 takes every flag's default from ``Settings.from_env()``), by the in-process API
 (``Server(Settings(...))``) and by the environment: ``FLOWSERVE_<FIELD>`` for a plain field
-(``FLOWSERVE_HTTP_PORT=9000``, ``FLOWSERVE_ALLOW_SHM=true``) and
+(``FLOWSERVE_HTTP_PORT=9000``, ``FLOWSERVE_ALLOW_SHM=false``) and
 ``FLOWSERVE_REPOSITORY_<FIELD>`` for one of the repository's (``FLOWSERVE_REPOSITORY_CONTROL_MODE=poll``);
 a command-line flag wins over the environment. The repository's part is its own object
 (:class:`~flowserve.repository.settings.RepositorySettings`) because the repository layer and
@@ -48,7 +48,16 @@ class Settings:
     http_port: int = 8000  # negative: no listener (each of the three)
     grpc_port: int = 8001
     metrics_port: int = 8002
-    allow_shm: bool = False
+    # client system shared memory, on as in Triton (--allow-shm=false, or restrict the
+    # shared-memory API category with --http-restricted-api / --grpc-restricted-protocol)
+    allow_shm: bool = True
+    # Triton's --strict-readiness: the server is not ready while a model or graph it was asked to
+    # load is unavailable (failed); false: ready once it serves, whatever failed
+    strict_readiness: bool = True
+    # Triton's --exit-on-error: end the server (status 1) when a model or graph fails to load at
+    # start. Off here (Triton: on): what loaded keeps serving, and with strict readiness the
+    # server reports not ready, so an orchestrator still sees the failure
+    exit_on_error: bool = False
     limits: Limits = field(default_factory=Limits)
     shutdown_grace_s: float = 30.0
     # open connections per listener, and request bytes in memory across all requests (guard.py)

@@ -22,24 +22,24 @@ def test_defaults_are_defined_once_and_the_cli_uses_them() -> None:
     assert args.inline_threshold_us == d.repository.inline_threshold_us
     assert args.max_request_bytes == d.limits.max_request_bytes
     assert args.exit_timeout_secs == d.shutdown_grace_s
-    assert args.allow_shm is d.allow_shm is False
+    assert args.allow_shm is d.allow_shm is True  # as in Triton
 
 
 def test_environment_feeds_the_settings_and_the_flag_wins() -> None:
     env = {
         "FLOWSERVE_HTTP_PORT": "9100",
-        "FLOWSERVE_ALLOW_SHM": "true",
+        "FLOWSERVE_ALLOW_SHM": "false",
         "FLOWSERVE_HTTP_MAX_JSON_BYTES": "1024",
         "FLOWSERVE_REPOSITORY_CONTROL_MODE": "poll",
         "FLOWSERVE_REPOSITORY_POLL_SECS": "2.5",
         "UNRELATED": "x",
     }
     settings = Settings.from_env(env)
-    assert settings.http_port == 9100 and settings.allow_shm is True and settings.http_max_json_bytes == 1024
+    assert settings.http_port == 9100 and settings.allow_shm is False and settings.http_max_json_bytes == 1024
     assert settings.repository.control_mode == "poll" and settings.repository.poll_secs == 2.5
     args = cli.build_parser(settings).parse_args(["serve", "--http-port", "9200"])
     assert args.http_port == 9200  # the flag
-    assert args.model_control_mode == "poll" and args.allow_shm is True  # the environment
+    assert args.model_control_mode == "poll" and args.allow_shm is False  # the environment
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ async def test_aio_shared_memory(server: Any) -> None:
 
 
 def test_shared_memory_disabled(server_factory: Any) -> None:
-    plain = server_factory.start(listeners="http")
+    plain = server_factory.start("--allow-shm=false", listeners="http")
     client = httpclient.InferenceServerClient(plain.http_url)
     try:
         with pytest.raises(InferenceServerException) as err:

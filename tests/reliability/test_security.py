@@ -1,5 +1,5 @@
 """Restricted APIs (Triton's --http-restricted-api / --grpc-restricted-protocol), client shared
-memory off unless --allow-shm (over both protocols), model load file overrides that cannot
+memory off with --allow-shm=false (over both protocols), model load file overrides that cannot
 write outside the model's directory, config overrides that name no file outside it, and log
 and trace file locations that no network request can change."""
 
@@ -253,7 +253,7 @@ def test_load_with_a_model_name_that_is_a_path(module_server: Any) -> None:
 
 
 def test_shared_memory_is_refused_unless_allowed(rel: Any) -> None:
-    proc = rel.start()  # no --allow-shm
+    proc = rel.start("--allow-shm=false")  # on by default, as in Triton
     name = f"rel-off-{uuid.uuid4().hex[:10]}"
     handle = shm.create_shared_memory_region(name, f"/{name}", 64)
     try:

@@ -1,0 +1,289 @@
+"""The command line: help and defaults on every option, Triton's spellings, one-line errors with
+their exit status, the startup table, strict readiness, --exit-on-error, and client shared
+memory on by default (off with --allow-shm=false)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from flowserve import cli
+from flowserve.core.version import VERSION
+from flowserve.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _parsers(child)
+
+
+def test_every_option_has_help_and_shows_its_default() -> None:
+    parser = cli.build_parser(Settings())
+    for prog, sub in _parsers(parser):
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{prog}: {action.option_strings or action.dest} has no help"
+        text = sub.format_help()
+        assert "(default:" in text or prog.endswith(("validate", "graph")), prog
+    serve_help = next(p for prog, p in _parsers(parser) if prog == "flowserve serve").format_help()
+    for shown in ("(default: 8000)", "(default: True)", "(default: none)", "(default: INFO)"):
+        assert shown in serve_help, shown
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"flowserve {VERSION}"
+
+
+def test_log_level_before_or_after_the_subcommand() -> None:
+    parser = cli.build_parser(Settings())
+    assert parser.parse_args(["serve"]).log_level == "INFO"
+    assert parser.parse_args(["serve", "--log-level", "debug"]).log_level == "DEBUG"
+    assert parser.parse_args(["--log-level", "WARNING", "serve"]).log_level == "WARNING"  # not reset
+    assert parser.parse_args(["validate", "x", "--log-level=error", "--log-json"]).log_json is True
+    assert parser.parse_args(["graph", "list", "--log-level", "error"]).log_level == "ERROR"
+
+
+def test_triton_spellings_are_accepted() -> None:
+    parser = cli.build_parser(Settings())
+    args = parser.parse_args(
+        ["serve", "--model-store", "a", "--model-repository=b", "--http-address", "127.0.0.1",
+         "--allow-grpc=false", "--allow-metrics", "false", "--strict-model-config=false",
+         "--log-verbose", "1", "--strict-readiness=false", "--exit-on-error"]
+    )  # fmt: skip
+    assert args.model_repository == ["a", "b"] and args.host == "127.0.0.1"
+    assert (args.allow_http, args.allow_grpc, args.allow_metrics) == (True, False, False)
+    assert args.strict_model_config is False and args.log_verbose == 1
+    assert args.strict_readiness is False and args.exit_on_error is True
+
+
+def _settings_of(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Settings:
+    """The Settings ``flowserve serve ARGV`` would start a server with."""
+    import flowserve.server
+
+    seen: list[Settings] = []
+
+    async def fake_serve(options: Settings) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(flowserve.server, "serve", fake_serve)
+    monkeypatch.setattr(flowserve.server, "exit_watchdog", lambda: None)
+    monkeypatch.setattr(cli.faulthandler, "enable", lambda: None)
+    assert cli.main(["serve", "--loop", "asyncio", *argv]) == 0
+    return seen[0]
+
+
+def test_serve_settings_from_the_triton_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = _settings_of(monkeypatch, ["--model-store", str(tmp_path), "--allow-http=false"])
+    assert settings.model_repositories == [tmp_path]
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (-1, 8001, 8002)
+    assert settings.allow_shm is True and settings.strict_readiness is True
+    assert settings.exit_on_error is False
+    settings = _settings_of(monkeypatch, ["--graphs", str(ROOT / "graphs"), "--allow-shm=false"])
+    assert settings.allow_shm is False
+    assert _settings_of(monkeypatch, ["--graphs", str(ROOT / "graphs"), "--allow-shm"]).allow_shm is True
+
+
+def test_shared_memory_is_on_by_default() -> None:
+    assert Settings().allow_shm is True
+    assert Settings.from_env({"FLOWSERVE_ALLOW_SHM": "false"}).allow_shm is False
+    parser = cli.build_parser(Settings())
+    assert parser.parse_args(["serve"]).allow_shm is True
+    assert parser.parse_args(["serve", "--allow-shm=false"]).allow_shm is False
+    assert parser.parse_args(["serve", "--allow-shm", "no"]).allow_shm is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["serve", "--http-port", "eighty"], "argument --http-port: invalid int value"),
+        (["serve", "--allow-shm=maybe"], "expected true or false"),
+        (["serve", "--log-level", "loud"], "argument --log-level: invalid choice"),
+        (["nothing"], "invalid choice: 'nothing'"),
+        ([], "the following arguments are required"),
+    ],
+)
+def test_a_command_line_mistake_is_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "usage:" not in err, err
+
+
+def test_a_missing_repository_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere"
+    assert cli.main(["serve", "--model-repository", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: --model-repository {missing}: no such directory\n"
+    afile = tmp_path / "file"
+    afile.write_text("")
+    assert cli.main(["serve", "--model-repository", str(afile)]) == 2
+    assert capsys.readouterr().err == f"error: --model-repository {afile}: not a directory\n"
+    assert cli.main(["serve", "--graphs", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: --graphs {missing}: no such directory\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_an_unreadable_repository_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0)
+    try:
+        assert cli.main(["serve", "--model-repository", str(closed)]) == 2
+        assert (
+            capsys.readouterr().err
+            == f"error: --model-repository {closed}: permission denied (cannot read it)\n"
+        )
+    finally:
+        closed.chmod(0o755)
+
+
+# ------------------------------------------------------------------ servers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``simple`` (loads) and ``broken`` (fails in initialize)."""
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(ROOT / "model_repository" / "simple", repo / "simple")
+    shutil.copytree(ROOT / "tests" / "models" / "broken", repo / "broken")
+    return repo
+
+
+def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1", *argv]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_one_line(repository: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run(
+            "--model-repository", str(repository / "simple" / ".."), f"--http-port={port}",
+            "--grpc-port=-1", "--metrics-port=-1", "--log-level=ERROR",
+        )  # fmt: skip
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr + done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: cannot listen for HTTP on 127.0.0.1:{port}: address already in use (another server on "
+        "that port? choose one with --http-port, or -1 to turn the HTTP listener off)"
+    ], done.stderr
+
+
+@pytest.mark.slow
+def test_exit_on_error_ends_the_server_when_a_model_fails(repository: Path) -> None:
+    done = _run(
+        "--model-repository", str(repository), "--http-port=0", "--grpc-port=-1", "--metrics-port=-1",
+        "--exit-on-error", "--log-level=CRITICAL",
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: 1 model(s) failed to load (broken); exiting (--exit-on-error)"
+    )
+    assert "Traceback" not in done.stderr
+    assert "flowserve ready" not in done.stdout
+    table = done.stdout.splitlines()
+    assert table[0].split() == ["MODEL", "KIND", "VERSION", "STATUS"]
+    assert any(line.split()[:3] == ["broken", "python", "1"] and "UNAVAILABLE" in line for line in table)
+    assert any(line.split() == ["simple", "python", "1", "READY"] for line in table)
+
+
+@pytest.fixture
+def started(server_factory: Any, repository: Path) -> Any:
+    def start(*extra: str) -> Any:
+        return server_factory.start(*extra, repositories=(repository,), graphs=(), listeners="http")
+
+    return start
+
+
+@pytest.mark.slow
+def test_startup_table_strict_readiness_and_shared_memory(started: Any) -> None:
+    server = started()
+    out = "".join(server.output)
+    assert "1 of 2 ready" in out
+    assert f"HTTP    http://127.0.0.1:{server.http_port}" in out
+    assert f"flowserve ready (HTTP http://127.0.0.1:{server.http_port})" in out
+    line = next(x for x in server.output if x.startswith("broken"))
+    assert "UNAVAILABLE" in line and "broken on purpose" in line, line
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.is_server_live() and not client.is_server_ready()  # strict: broken failed
+        assert client.is_model_ready("simple")
+        assert client.get_system_shared_memory_status() == []  # on by default, as in Triton
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_readiness_not_strict_and_shared_memory_off(started: Any) -> None:
+    server = started("--strict-readiness=false", "--allow-shm=false")
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.is_server_ready()
+        with pytest.raises(InferenceServerException) as err:
+            client.get_system_shared_memory_status()
+        assert err.value.status() == "501" and "--allow-shm" in err.value.message()
+    finally:
+        client.close()
+
+
+def test_startup_table_lists_every_state() -> None:
+    """The table as a function of the registry (no server)."""
+    from flowserve.dataplane.engine import Engine
+    from flowserve.server import ServerPlane, failed_models, startup_table
+
+    async def main() -> None:
+        engine = await Engine.start(ROOT / "tests" / "models" / "broken" / "..", settings=_explicit())
+        try:
+            plane = ServerPlane(engine)
+            assert failed_models(plane) == []  # never loaded (explicit mode) is not a failure
+            assert plane.ready()
+            text = startup_table(plane, [("HTTP", "http://h:1")])
+            assert "0 of" in text and text.splitlines()[-1] == "HTTP    http://h:1"
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def _explicit() -> Any:
+    from flowserve.repository.settings import RepositorySettings
+
+    return RepositorySettings(control_mode="explicit")
