@@ -1,5 +1,6 @@
 # The two quick-start commands: `make serve` (install + serve the bundled content) and
 # `make test` (install + lint + type-check + tests; CI runs exactly this through .ci/run).
+# Python 3.11 or newer: PY=python3.12 make serve picks another interpreter.
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -9,8 +10,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 .PHONY: install install-test system-packages test-emulators serve test lint
+# flowserve with the CPU frameworks the bundled models need (ONNX Runtime, torch, treelite and
+# xgboost, DALI) and tritonclient's HTTP client for the README's snippet
 install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[bundled]'
 
 install-test: $(BIN)/python system-packages test-emulators
 	$(BIN)/pip install -q -e '.[test,all]'
