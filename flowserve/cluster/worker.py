@@ -280,7 +280,11 @@ async def run_worker(directory: Path, index: int) -> int:
     changes = await peers.connect()
     server = Server(settings, peers=peers, worker=index)
     try:
-        plane = await server.start()
+        try:
+            plane = await server.start()
+        except OSError as exc:  # a port it cannot listen on: one line, the supervisor stops
+            log.error("worker %d cannot serve: %s", index, exc)
+            return 1
         gc.collect()  # what is loaded lives as long as the worker (see server.serve)
         gc.freeze()
         await peers.attach(plane, changes)

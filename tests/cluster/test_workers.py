@@ -431,3 +431,39 @@ def test_sigterm_drains_every_worker() -> None:
         assert _workers(server) == []
     finally:
         server.stop()
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_one_clear_error() -> None:
+    """A port another process holds (without SO_REUSEPORT): the workers cannot listen, and the
+    server exits with status 1 saying so instead of restarting them forever."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [
+            sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1", "--workers", "2",
+            f"--http-port={port}", f"--grpc-port={free_port()}", "--metrics-port=-1",
+            "--model-repository", str(ROOT / "model_repository"), "--model-control-mode=explicit",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "failed to start" in out and "cannot serve" in out and "Traceback" not in out, out
+
+
+def test_workers_need_fixed_ports() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    cmd = [sys.executable, "-m", "flowserve.cli", "serve", "--workers", "2", "--http-port=0", "--grpc-port=-1",
+           "--metrics-port=-1", "--model-repository", str(ROOT / "model_repository")]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--workers needs fixed ports" in done.stderr + done.stdout
