@@ -269,7 +269,7 @@ class WorkerPeers:
 
 async def run_worker(directory: Path, index: int) -> int:
     """A worker's life: connect, load, serve until SIGTERM (or the supervisor is gone), drain."""
-    from flowserve.server import Server
+    from flowserve.server import Server, StartupError
 
     settings: Settings = pickle.loads((directory / "settings.pickle").read_bytes())
     peers = WorkerPeers(index, settings.workers, directory)
@@ -282,7 +282,7 @@ async def run_worker(directory: Path, index: int) -> int:
     try:
         try:
             plane = await server.start()
-        except OSError as exc:  # a port it cannot listen on: one line, the supervisor stops
+        except (OSError, StartupError) as exc:  # e.g. a port in use: one line, the supervisor stops
             log.error("worker %d cannot serve: %s", index, exc)
             return 1
         gc.collect()  # what is loaded lives as long as the worker (see server.serve)

@@ -265,15 +265,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_one_grpc_connection_uses_every_worker(cluster: ServerProcess) -> None:
-    """perf_analyzer's and tritonclient's gRPC default: every request over one HTTP/2
-    connection, which one worker accepted; a CPU-bound model's requests spill to the other."""
+BURNS = 60  # requests of cpu_burn: 5 ms of CPU each (its burn_ms), 300 ms in all
+
+
+def _burn_over_one_connection(cluster: ServerProcess, stream: bool) -> None:
+    """Send BURNS requests over one gRPC connection (one stream when ``stream``) and check that
+    the worker without the connection ran a good share of the model's work."""
     client = grpcclient.InferenceServerClient(cluster.grpc_url)
     assert client.is_model_ready("cpu_burn")  # the connection is open from here on
     spread = _spread(cluster, cluster.grpc_port)
     assert sorted(spread) == [0, 1], spread  # one connection, held by one worker
-    holder = _workers(cluster)[spread.index(1)]
-    other = next(pid for pid in _workers(cluster) if pid != holder)
+    other = _workers(cluster)[spread.index(0)]
     before = _cpu_s(other)
     done: list[Any] = []
     lock = threading.Condition()
@@ -283,49 +285,36 @@ def test_one_grpc_connection_uses_every_worker(cluster: ServerProcess) -> None:
             done.append(error if error is not None else result)
             lock.notify_all()
 
-    count = 60  # 5 ms of CPU each (the model's burn_ms)
-    for i in range(count):
-        inp = grpcclient.InferInput("INPUT0", [1], "FP32")
-        inp.set_data_from_numpy(np.array([float(i)], np.float32))
-        client.async_infer("cpu_burn", [inp], callback=finished)
-    with lock:
-        assert lock.wait_for(lambda: len(done) == count, timeout=60)
+    if stream:
+        client.start_stream(callback=finished)
+    try:
+        for i in range(BURNS):
+            inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+            inp.set_data_from_numpy(np.array([float(i)], np.float32))
+            if stream:
+                client.async_stream_infer("cpu_burn", [inp])
+            else:
+                client.async_infer("cpu_burn", [inp], callback=finished)
+        with lock:
+            assert lock.wait_for(lambda: len(done) == BURNS, timeout=60)
+    finally:
+        if stream:
+            client.stop_stream()
     values = sorted(float(r.as_numpy("OUTPUT0")[0]) for r in done)  # an error has no as_numpy
-    assert values == [float(i) for i in range(count)]
-    # the worker without the connection ran a good share of the 300 ms of model work
+    assert values == [float(i) for i in range(BURNS)]
     assert _cpu_s(other) - before > 0.06
+
+
+def test_one_grpc_connection_uses_every_worker(cluster: ServerProcess) -> None:
+    """perf_analyzer's and tritonclient's gRPC default: every request over one HTTP/2
+    connection, which one worker accepted; a CPU-bound model's requests spill to the other."""
+    _burn_over_one_connection(cluster, stream=False)
 
 
 def test_one_grpc_stream_uses_every_worker(cluster: ServerProcess) -> None:
     """ModelStreamInfer (perf_analyzer --streaming): a model that is not decoupled answers each
     request of the stream once, from whichever worker is less busy."""
-    client = grpcclient.InferenceServerClient(cluster.grpc_url)
-    assert client.is_model_ready("cpu_burn")
-    spread = _spread(cluster, cluster.grpc_port)
-    holder = _workers(cluster)[spread.index(max(spread))]
-    other = next(pid for pid in _workers(cluster) if pid != holder)
-    before = _cpu_s(other)
-    done: list[Any] = []
-    lock = threading.Condition()
-
-    def finished(result: Any, error: Any) -> None:
-        with lock:
-            done.append(error if error is not None else result)
-            lock.notify_all()
-
-    count = 60
-    client.start_stream(callback=finished)
-    try:
-        for i in range(count):
-            inp = grpcclient.InferInput("INPUT0", [1], "FP32")
-            inp.set_data_from_numpy(np.array([float(i)], np.float32))
-            client.async_stream_infer("cpu_burn", [inp])
-        with lock:
-            assert lock.wait_for(lambda: len(done) == count, timeout=60)
-    finally:
-        client.stop_stream()
-    assert sorted(float(r.as_numpy("OUTPUT0")[0]) for r in done) == [float(i) for i in range(count)]
-    assert _cpu_s(other) - before > 0.06
+    _burn_over_one_connection(cluster, stream=True)
 
 
 def test_interleaved_sequences_over_many_connections_keep_their_sums(cluster: ServerProcess) -> None:
