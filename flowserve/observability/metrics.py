@@ -23,6 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from flowserve.dataplane.plane import DataPlane
 from flowserve.graph.plan import PlanNode
+from flowserve.nodes.backends.pb_utils import custom_metrics
 from flowserve.nodes.split import SplitNode
 from flowserve.observability.httpserver import ASGIApp, AsgiListener, Receive, Scope, Send
 from flowserve.observability.snapshot import node_exec
@@ -168,6 +169,16 @@ def _target_label(target: SplitTarget) -> str:
     return f"{target.target}:{target.version}" if target.version else target.target
 
 
+def _custom() -> Iterator[Metric]:
+    """The custom metric families Python models made (``pb_utils.MetricFamily``), as Triton
+    exports them: their own names, kinds and labels."""
+    for name, doc, typ, samples in custom_metrics():
+        metric = Metric(name, doc, typ)
+        for sample, labels, value in samples:
+            metric.add_sample(sample, labels, value)
+        yield metric
+
+
 class EngineCollector:
     """A prometheus-client collector over a data plane's engine, read at scrape time."""
 
@@ -192,6 +203,7 @@ class EngineCollector:
         for family in (*models.values(), state, *nodes.values(), *splits.values(), *self._guards()):
             yield family.metric
         yield from self._workers()
+        yield from _custom()
 
     def _workers(self) -> Iterator[Metric]:
         """With several workers: how many there are, how many are up, and how often one was

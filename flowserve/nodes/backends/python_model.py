@@ -21,13 +21,18 @@ import concurrent.futures
 import importlib.util
 import inspect
 import json
+import logging
 import sys
-from collections.abc import AsyncGenerator
+import threading
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from flowserve.core.datatypes import to_numpy
 from flowserve.core.errors import (
+    AlreadyExists,
+    Cancelled,
     FlowserveError,
     InternalError,
     InvalidArgument,
@@ -44,44 +49,122 @@ from flowserve.spec.triton import config_to_json
 
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
+log = logging.getLogger("flowserve.python_model")
+
+# a TritonError's code -> the flowserve error (so HTTP and gRPC answer with Triton's status)
 _ERRORS: dict[int, type[FlowserveError]] = {
-    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
+    pb_utils.TritonError.UNKNOWN: FlowserveError,
+    pb_utils.TritonError.INTERNAL: InternalError,
     pb_utils.TritonError.NOT_FOUND: NotFound,
+    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
     pb_utils.TritonError.UNAVAILABLE: Unavailable,
     pb_utils.TritonError.UNSUPPORTED: Unsupported,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
+    pb_utils.TritonError.CANCELLED: Cancelled,
 }
 
 
-class EngineLink:
-    """BLS from model.py threads into the engine that serves the model."""
+class ModelControl(Protocol):
+    """What ``pb_utils.load_model``/``unload_model`` need: the repository's model control,
+    reached (when the repository hands one over) as ``LoadSettings.model_control``."""
 
-    def __init__(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> Any: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> Any: ...
+
+
+class EngineLink:
+    """BLS, readiness and model control from model.py threads into the engine that serves it."""
+
+    def __init__(
+        self, registry: Registry, loop: asyncio.AbstractEventLoop, control: ModelControl | None = None
+    ) -> None:
         self.registry = registry
         self.loop = loop
+        self.control = control
 
-    def submit(
-        self, model: str, version: str, inputs: TensorMap, parameters: dict[str, Any], request_id: str
-    ) -> concurrent.futures.Future[TensorMap]:
+    def _off_loop(self, call: str) -> None:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self.loop:
             raise pb_utils.TritonModelException(
-                "BLS exec() was called on the engine's event loop thread, where waiting would deadlock"
+                f"{call} was called on the engine's event loop thread, where waiting would deadlock"
             )
 
+    def _context(self, call: pb_utils.BlsCall, clock_ns: int) -> Context:
+        deadline = clock_ns + call.timeout_us * 1000 if call.timeout_us > 0 else None
+        return Context(request_id=call.request_id, parameters=call.parameters, deadline_ns=deadline)
+
+    def submit(self, call: pb_utils.BlsCall) -> concurrent.futures.Future[TensorMap]:
+        self._off_loop("BLS exec()")
+
         async def run() -> TensorMap:
-            servable = self.registry.get(model, version)
-            return await servable.infer(inputs, Context(request_id=request_id, parameters=parameters))
+            servable = self.registry.get(call.model, call.version)
+            ctx = self._context(call, servable.clock.now_ns())
+            return await servable.infer(call.inputs, ctx)
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def stream(
+        self, call: pb_utils.BlsCall, put: Callable[[TensorMap], None]
+    ) -> concurrent.futures.Future[bool]:
+        self._off_loop("BLS exec(decoupled=True)")
+
+        async def run() -> bool:
+            servable = self.registry.get(call.model, call.version)
+            ctx = self._context(call, servable.clock.now_ns())
+            async for outputs in servable.stream(call.inputs, ctx):
+                put(outputs)
+            return servable.decoupled
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def is_model_ready(self, name: str, version: str) -> bool:
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            return self.registry.ready(name, version)
+
+        async def ready() -> bool:
+            return self.registry.ready(name, version)
+
+        return asyncio.run_coroutine_threadsafe(ready(), self.loop).result()
+
+    def _control(self, call: str) -> ModelControl:
+        if self.control is None:
+            raise pb_utils.TritonModelException(
+                f"{call} is not available: this engine hands its python models no model control "
+                "(flowserve's repository does not pass one to the python backend yet)"
+            )
+        self._off_loop(call)
+        return self.control
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        control = self._control("pb_utils.load_model()")
+        _wait(asyncio.run_coroutine_threadsafe(control.load_model(name, config, files), self.loop))
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        control = self._control("pb_utils.unload_model()")
+        _wait(asyncio.run_coroutine_threadsafe(control.unload_model(name, unload_dependents), self.loop))
+
+
+def _wait(future: concurrent.futures.Future[Any]) -> None:
+    try:
+        future.result()
+    except FlowserveError as exc:
+        raise pb_utils.TritonModelException(exc.message) from exc
 
 
 @dataclass
 class PythonInstance:
     model: Any
     is_async: bool
+    module: Any = None
+    model_dir: str = ""
     loop: asyncio.AbstractEventLoop | None = field(default=None)
 
 
@@ -92,14 +175,46 @@ class PythonModelBackend(BackendNode):
 
     async def start(self) -> None:
         if self.registry is not None:
-            self._link = EngineLink(self.registry, asyncio.get_running_loop())
+            control = getattr(self.load, "model_control", None)
+            self._link = EngineLink(self.registry, asyncio.get_running_loop(), control)
         # a decoupled model answers through request.get_response_sender(): see stream()
         self.decoupled = self.model.decoupled
+        self._declared = {t.name: t.datatype for t in self.model.outputs}
+        self._warned: set[str] = set()
         await super().start()
+
+    async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        """One request (no batcher): as the base, but the request's id and parameters reach
+        model.py's ``InferenceRequest``."""
+        if not ctx.request_id and not ctx.parameters:
+            return await super().__call__(inputs, ctx)
+        clock = self.clock
+        queued = clock.now_ns()
+        started = queued
+
+        def acquired() -> None:
+            nonlocal started
+            started = clock.now_ns()
+
+        if self._in_reshape:
+            inputs = self._reshape(inputs, self._in_reshape)
+
+        def run(instance: PythonInstance, one: TensorMap) -> TensorMap:
+            return self._execute_requests(instance, [one], [ctx])[0]
+
+        outputs: TensorMap = await self.pool.run(run, inputs, acquired)
+        if self._out_reshape:
+            outputs = self._reshape(outputs, self._out_reshape)
+        rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
+        self.stats.queue.add(started - queued)
+        self.stats.record_execution(rows, 0, clock.now_ns() - started, 0)
+        return outputs
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """A decoupled model's responses for one request, in the order model.py sends them,
-        until it sends the final flag (which may come after ``execute`` returned)."""
+        until it sends the final flag (which may come after ``execute`` returned). A request
+        released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` is handed to ``execute``
+        again once it returns (Triton's iterative sequences)."""
         if not self.decoupled:
             yield await self(inputs, ctx)
             return
@@ -109,20 +224,20 @@ class PythonModelBackend(BackendNode):
         def deliver(response: Any, final: bool) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (response, final))
 
-        request = pb_utils.InferenceRequest(
-            model_name=self.model.name,
-            inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
-            request_id=ctx.request_id,
-            parameters=dict(ctx.parameters),
-            model_version=self.version,
-        )
+        request = self._request(inputs, ctx)
         sender = request._sender = pb_utils.InferenceResponseSender(deliver)
 
         def run(instance: PythonInstance) -> None:
             try:
-                _call_execute(instance, [request])
+                while True:
+                    request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+                    _call_execute(instance, [request])
+                    if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                        break
+                    if sender.closed or sender.is_cancelled():
+                        break
             except Exception as exc:
-                error = InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}")
+                error = InternalError(f"model.py execute() raised {_describe(exc)}")
                 loop.call_soon_threadsafe(queue.put_nowait, error)
 
         start = self.clock.now_ns()
@@ -147,67 +262,83 @@ class PythonModelBackend(BackendNode):
                 await running
         self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
 
+    def _request(self, inputs: TensorMap, ctx: Context | None) -> pb_utils.InferenceRequest:
+        parameters = dict(ctx.parameters) if ctx is not None else {}
+        correlation = parameters.pop("sequence_id", 0) if "sequence_id" in parameters else 0
+        flags = 0
+        if parameters.pop("sequence_start", False):
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        if parameters.pop("sequence_end", False):
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        return pb_utils.InferenceRequest._incoming(
+            self.model.name,
+            inputs,
+            self.version,
+            request_id=ctx.request_id if ctx is not None else "",
+            parameters=parameters,
+            correlation_id=correlation if isinstance(correlation, int | str) else 0,
+            flags=flags,
+        )
+
     def load_instance(self, index: int) -> PythonInstance:
         name = self.model.name
         pb_utils.set_link(self._link, default=self._link is not None)
-        path = Path(self.version_path) / (self.model.default_model_filename or "model.py")
+        version_dir = Path(self.version_path)
+        path = version_dir / (self.model.default_model_filename or "model.py")
         if not path.is_file():
             raise InvalidArgument(f"model '{name}': {path} does not exist")
-        module_name = f"flowserve_model_{name}_{self.version}_{index}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise InvalidArgument(f"model '{name}': cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise InternalError(
-                f"model '{name}': importing {path} raised {type(exc).__name__}: {exc}"
-            ) from exc
+        module = _import_model(name, path)
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
             raise InvalidArgument(f"model '{name}': {path} defines no TritonPythonModel")
-        obj = cls()
         place = placement(self.model, index, "python")
-        init = getattr(obj, "initialize", None)
-        if init is not None:
-            args = {
-                "model_config": json.dumps(config_to_json(self.model.config)),
-                "model_instance_kind": place.kind,
-                "model_instance_name": f"{name}_{index}",
-                "model_instance_device_id": str(place.device),
-                "model_repository": str(Path(self.version_path).parent),
-                "model_version": str(self.version),
-                "model_name": name,
-            }
-            try:
-                init(args)
-            except Exception as exc:
-                raise InternalError(
-                    f"model '{name}': model.py initialize() raised {type(exc).__name__}: {exc}"
-                ) from exc
+        config = config_to_json(self.model.config)
+        with pb_utils.outside_execute(str(version_dir)), _as_model(module):
+            obj = cls()
+            init = getattr(obj, "initialize", None)
+            if init is not None:
+                args = {
+                    "model_config": json.dumps(config),
+                    "model_instance_kind": place.kind,
+                    "model_instance_name": _instance_name(name, config, self.model.instances, index),
+                    "model_instance_device_id": str(place.device),
+                    "model_repository": str(version_dir.parent),
+                    "model_version": str(self.version),
+                    "model_name": name,
+                }
+                try:
+                    init(args)
+                except Exception as exc:
+                    raise InternalError(
+                        f"model '{name}': model.py initialize() raised {_describe(exc)}"
+                    ) from exc
         execute = getattr(obj, "execute", None)
         if execute is None:
             raise InvalidArgument(f"model '{name}': TritonPythonModel in {path} has no execute()")
         is_async = inspect.iscoroutinefunction(execute)
         if is_async or _uses_bls(path):
             self.pool.policy.threshold_ns = 0  # BLS and async execute block: never on the loop
-        return PythonInstance(obj, is_async)
+        return PythonInstance(obj, is_async, module, str(version_dir))
 
     def execute(self, instance: PythonInstance, inputs: TensorMap) -> TensorMap:
-        return self.execute_batch(instance, [inputs])[0]
+        return self._execute_requests(instance, [inputs], None)[0]
 
     def execute_batch(self, instance: PythonInstance, batch: list[TensorMap]) -> list[TensorMap]:
         """Triton's semantics: one ``execute(requests)`` call with one request per batch entry."""
-        name = self.model.name
+        return self._execute_requests(instance, batch, None)
+
+    def _execute_requests(
+        self, instance: PythonInstance, batch: list[TensorMap], contexts: list[Context] | None
+    ) -> list[TensorMap]:
         requests = [
-            pb_utils.InferenceRequest(
-                model_name=name,
-                inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
-                model_version=self.version,
-            )
-            for inputs in batch
+            self._request(inputs, contexts[i] if contexts is not None else None)
+            for i, inputs in enumerate(batch)
         ]
+        # a non-decoupled model may answer through the response sender too (one response and
+        # the final flag each), returning None from execute
+        sent: list[list[Any]] = [[] for _ in requests]
+        for request, box in zip(requests, sent, strict=True):
+            request._sender = pb_utils.InferenceResponseSender(_collect(box), decoupled=False)
         try:
             responses = _call_execute(instance, requests)
         except FlowserveError:
@@ -215,31 +346,158 @@ class PythonModelBackend(BackendNode):
         except pb_utils.TritonModelException as exc:
             raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
         except Exception as exc:
-            raise InternalError(f"model.py execute() raised {type(exc).__name__}: {exc}") from exc
+            raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
+        if responses is None and all(len(box) == 1 for box in sent):
+            responses = [box[0] for box in sent]
         if responses is None or len(responses) != len(requests):
             got = 0 if responses is None else len(responses)
             raise InternalError(f"model.py execute() returned {got} responses for {len(requests)} requests")
         return [self._outputs(response) for response in responses]
 
     def _outputs(self, response: Any) -> TensorMap:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise InternalError(
+                "model.py execute() must return pb_utils.InferenceResponse objects, got "
+                f"{type(response).__name__}"
+            )
         error = response.error()
         if error is not None:
             kind = _ERRORS.get(error.code(), InternalError)
             raise kind(error.message())
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+        out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        for key, array in out.items():
+            declared = self._declared.get(key)
+            if declared is not None and declared != "BYTES" and array.dtype.kind not in "OSU":
+                want = to_numpy(declared)
+                if array.dtype != want:
+                    self._warn_dtype(key, array.dtype, declared)
+                    out[key] = array.astype(want)
+        return out
+
+    def _warn_dtype(self, output: str, got: Any, declared: str) -> None:
+        if output in self._warned:
+            return
+        self._warned.add(output)
+        log.warning(
+            "model '%s': execute() returned output '%s' as %s, declared %s in the configuration; "
+            "served as %s",
+            self.model.name,
+            output,
+            got,
+            declared,
+            declared,
+        )
 
     def unload_instance(self, instance: PythonInstance) -> None:
         try:
             fin = getattr(instance.model, "finalize", None)
             if fin is not None:
-                fin()
+                with pb_utils.outside_execute(instance.model_dir), _as_model(instance.module):
+                    try:
+                        fin()
+                    except Exception as exc:  # Triton logs it and unloads anyway
+                        log.error(
+                            "model '%s': model.py finalize() raised %s", self.model.name, _describe(exc)
+                        )
         finally:
             if instance.loop is not None:
                 instance.loop.close()
 
 
+def _collect(box: list[Any]) -> Callable[[Any, bool], None]:
+    def deliver(response: Any, final: bool) -> None:
+        if response is not None:
+            box.append(response)
+
+    return deliver
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, pb_utils.TritonModelException):
+        return f"TritonModelException: {exc.message()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _instance_name(model: str, config: dict[str, Any], groups: Any, index: int) -> str:
+    """Triton's ``<group name>_<index in group>``; a group named by no one is ``<model>_<group>``."""
+    named = config.get("instance_group") or []
+    start = 0
+    for g, group in enumerate(groups):
+        if index < start + group.count:
+            given = named[g].get("name") if g < len(named) else None
+            return f"{given or f'{model}_{g}'}_{index - start}"
+        start += group.count
+    return f"{model}_0_{index}"
+
+
+_ARGV_SET = False
+# model.py imports one at a time: sys.path and sys.modules are changed around each
+_IMPORT_LOCK = threading.Lock()
+
+
+def _import_model(name: str, path: Path) -> Any:
+    """model.py as Triton's stub loads it: its version directory and model directory on
+    ``sys.path`` (sibling modules import), registered as module ``model`` while it runs, with
+    ``sys.argv`` that of an embedded interpreter (``[""]``), never the server's command line
+    (which stays in ``sys.orig_argv``)."""
+    with _IMPORT_LOCK:
+        return _import_locked(name, path)
+
+
+def _import_locked(name: str, path: Path) -> Any:
+    global _ARGV_SET
+    if not _ARGV_SET:
+        sys.argv = [""]
+        _ARGV_SET = True
+    version_dir = str(path.parent)
+    model_dir = str(path.parent.parent)
+    # a sibling module another model imported under the same name must not stand in for ours
+    for entry in path.parent.iterdir():
+        sibling = entry.stem if entry.suffix == ".py" else entry.name if entry.is_dir() else ""
+        if not sibling or sibling == path.stem:
+            continue
+        loaded = sys.modules.get(sibling)
+        origin = getattr(loaded, "__file__", None) or ""
+        if loaded is not None and origin and not origin.startswith(version_dir):
+            del sys.modules[sibling]
+    spec = importlib.util.spec_from_file_location("model", path)
+    if spec is None or spec.loader is None:
+        raise InvalidArgument(f"model '{name}': cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.path[:0] = [version_dir, model_dir]
+    try:
+        with _as_model(module):
+            spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InternalError(f"model '{name}': importing {path} raised {_describe(exc)}") from exc
+    finally:
+        del sys.path[:2]
+        for folder in (version_dir, model_dir):
+            if folder not in sys.path:
+                sys.path.append(folder)
+    return module
+
+
+class _as_model:  # noqa: N801 - a context manager
+    """``sys.modules["model"]`` is this model.py while its code runs (Triton's stub imports it
+    so; test models call ``unittest.main("model")``)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __enter__(self) -> None:
+        if self.module is not None:
+            sys.modules["model"] = self.module
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
 def _call_execute(instance: PythonInstance, requests: list[Any]) -> Any:
     """model.py's ``execute(requests)``; an async one runs on the instance's own loop."""
+    if instance.module is not None:
+        sys.modules["model"] = instance.module
+    pb_utils.set_model_dir(instance.model_dir)
     if instance.is_async:
         if instance.loop is None:
             instance.loop = asyncio.new_event_loop()
@@ -253,4 +511,6 @@ def _uses_bls(path: Path) -> bool:
         text = path.read_text()
     except OSError:
         return True
-    return "exec(" in text or "InferenceRequest(" in text
+    return (
+        "exec(" in text or "InferenceRequest(" in text or "load_model(" in text or "is_model_ready(" in text
+    )

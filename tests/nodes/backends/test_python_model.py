@@ -112,7 +112,7 @@ output [ { name: "MSG" data_type: TYPE_STRING dims: [ 1 ] } ]
 
 def test_bls_outside_an_engine_is_a_clear_error() -> None:
     pb_utils.set_link(None, default=True)
-    request = pb_utils.InferenceRequest(model_name="simple", inputs=[])
+    request = pb_utils.InferenceRequest(model_name="simple", inputs=[], requested_output_names=[])
     response = request.exec()
     assert response.has_error() and "BLS works only inside" in response.error().message()
 
