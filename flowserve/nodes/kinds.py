@@ -22,6 +22,7 @@ from flowserve.nodes.backends import backend_class
 from flowserve.nodes.backends.base import backend_signature
 from flowserve.nodes.loading import LoadSettings
 from flowserve.nodes.python import PythonNode, python_signature
+from flowserve.nodes.remote import RemoteNode, remote_signature
 from flowserve.nodes.sequence import SequenceBatcher
 from flowserve.nodes.split import SplitNode, split_signature
 from flowserve.nodes.step import StepNode, step_signature
@@ -74,6 +75,11 @@ def _step(node: NodeSpec, at: Place) -> Node:
     return StepNode(node.name, at.registry, node.target, node.version)
 
 
+def _remote(node: NodeSpec, at: Place) -> Node:
+    pnode = next(p for p in at.plan.nodes if p.name == node.name)
+    return RemoteNode(node, at.plan.name, list(pnode.signature.outputs), at.clock)
+
+
 def _backend(node: NodeSpec, at: Place) -> Node:
     model = at.model
     assert model is not None
@@ -97,6 +103,7 @@ BUILDERS: dict[str, Builder] = {
         lambda node, known: split_signature(node, known.plans),
         lambda node, at: SplitNode(node, at.registry, at.clock),
     ),
+    "remote": Builder(lambda node, _: remote_signature(node), _remote),
     "backend": Builder(lambda node, known: backend_signature(known.models[node.target]), _backend),
 }
 

@@ -247,7 +247,7 @@ def _parse_node(name: str, raw: Any, issues: Issues) -> NodeSpec | None:
         name=name,
         kind=kind.name,
         target=parsed.target,
-        version=str(raw.get("version", "")),
+        version=parsed.version or str(raw.get("version", "")),
         inputs=parsed.inputs,
         outputs=outputs,
         batching=_parse_batching(raw.get("batching"), issues, name),

@@ -74,6 +74,9 @@ class Parsed:
     target: str = ""
     switch: SwitchSpec | None = None
     split: SplitSpec | None = None
+    # the version the kind's own value names (a remote node's ``version``); "" leaves the
+    # node's ``version:`` key in charge
+    version: str = ""
 
 
 # (the kind key's YAML value, the node's parsed ``inputs:``, issues, node name) -> fields, or
@@ -297,6 +300,110 @@ def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
     )
 
 
+# ----------------------------------------------------------------------------- remote nodes
+
+_REMOTE_SCHEMES = ("grpc", "http")
+_REMOTE_KEYS = {"url", "urls", "model", "version", "max_in_flight", "timeout_s"}
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSpec:
+    """A model on another KServe V2 server (flowserve or Triton) that a ``remote`` node calls:
+    its endpoints (``grpc://host:port`` or ``http://host:port``, all serving the same model),
+    the model and version, how many calls one endpoint may have in flight, and ``timeout_s``:
+    how long the load-time metadata query and the health probes may take."""
+
+    urls: tuple[str, ...]
+    model: str
+    version: str = ""
+    max_in_flight: int = 64
+    timeout_s: float = 5.0
+
+    def where(self) -> str:
+        version = f" version {self.version}" if self.version else ""
+        return f"remote model '{self.model}'{version} at {', '.join(self.urls)}"
+
+
+def remote_target(remote: RemoteSpec) -> str:
+    """A remote node's ``target``: ``model@url1,url2?max_in_flight=N&timeout_s=T`` (NodeSpec
+    has no field of its own for it; :func:`remote_spec` reads it back)."""
+    options = f"max_in_flight={remote.max_in_flight}&timeout_s={remote.timeout_s:g}"
+    return f"{remote.model}@{','.join(remote.urls)}?{options}"
+
+
+def remote_spec(node: NodeSpec) -> RemoteSpec:
+    """The :class:`RemoteSpec` of a ``remote`` node (the inverse of :func:`remote_target`)."""
+    head, _, query = node.target.partition("?")
+    model, _, urls = head.rpartition("@")
+    options = dict(item.partition("=")[::2] for item in query.split("&") if item)
+    return RemoteSpec(
+        urls=tuple(urls.split(",")),
+        model=model,
+        version=node.version,
+        max_in_flight=int(options.get("max_in_flight", 64)),
+        timeout_s=float(options.get("timeout_s", 5.0)),
+    )
+
+
+def _remote_url(raw: Any, issues: Issues, node: str, field: str) -> str | None:
+    if not isinstance(raw, str):
+        issues.add(f"must be a 'grpc://host:port' or 'http://host:port' URL, got {raw!r}", node, field)
+        return None
+    scheme, sep, address = raw.partition("://")
+    host, colon, port = address.rstrip("/").rpartition(":")
+    if not sep or scheme not in _REMOTE_SCHEMES or not colon or not host or not port.isdigit():
+        issues.add(f"must be a 'grpc://host:port' or 'http://host:port' URL, got {raw!r}", node, field)
+        return None
+    if any(c in address for c in ",?@&"):
+        issues.add(f"unexpected characters in {raw!r}", node, field)
+        return None
+    return f"{scheme}://{address.rstrip('/')}"
+
+
+def _remote_node(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str) -> Parsed | None:
+    if not isinstance(raw, dict):
+        issues.add("must be a mapping with url (or urls), model and optional version", node, "remote")
+        return None
+    before = len(issues.items)
+    unknown = set(raw) - _REMOTE_KEYS
+    if unknown:
+        expected = sorted(_REMOTE_KEYS)
+        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {expected})", node, "remote")
+    if ("url" in raw) == ("urls" in raw):
+        issues.add("needs exactly one of 'url: URL' or 'urls: [URL, ...]'", node, "remote")
+        return None
+    if "url" in raw:
+        raw_urls: Any = [raw["url"]]
+        field = "remote.url"
+    else:
+        raw_urls = raw["urls"]
+        field = "remote.urls"
+        if not isinstance(raw_urls, list) or not raw_urls:
+            issues.add("must be a non-empty list of URLs", node, field)
+            return None
+    urls = [_remote_url(u, issues, node, field) for u in raw_urls]
+    model = raw.get("model")
+    if not isinstance(model, str) or not model or any(c in model for c in "@?,"):
+        issues.add(f"must name the remote model, got {model!r}", node, "remote.model")
+    version = raw.get("version", "")
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, str | int)
+        or (isinstance(version, int) and version < 1)
+    ):
+        issues.add(f"must be a version number, got {version!r}", node, "remote.version")
+    limit = raw.get("max_in_flight", 64)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        issues.add(f"must be an integer >= 1, got {limit!r}", node, "remote.max_in_flight")
+    timeout = _number(raw.get("timeout_s", 5.0), issues, node, "remote.timeout_s", 0.001, None)
+    if len(issues.items) > before or timeout is None:
+        return None
+    remote = RemoteSpec(
+        tuple(dict.fromkeys(u for u in urls if u is not None)), str(model), str(version), limit, timeout
+    )
+    return Parsed(inputs, target=remote_target(remote), version=remote.version)
+
+
 # ----------------------------------------------------------------------------- labels
 
 
@@ -322,6 +429,12 @@ def _split_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
     if node.split.shadow is not None:
         lines.append(f"shadow: {node.split.shadow.target}")
     return lines
+
+
+def _remote_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
+    remote = remote_spec(node)
+    version = f" v{remote.version}" if remote.version else ""
+    return [f"remote: {remote.model}{version}", *(f"@ {url}" for url in remote.urls)]
 
 
 def _backend_label(node: NodeSpec, model: ModelSpec | None) -> list[str]:
@@ -359,6 +472,8 @@ KINDS: dict[str, Kind] = _register(
         no_batching="a split node cannot batch (a merged batch would take one arm); batch in its arms",
         label=_split_label,
     ),
+    # a model on another V2 server (flowserve or Triton), called over gRPC or HTTP
+    Kind("remote", _remote_node, look=Look("#e0f2fe"), label=_remote_label),
     # internal: the one node of a repository model's own graph, running the model's backend
     Kind("backend", None, runs_model=True, model_batching=True, look=Look("#dcfce7"), label=_backend_label),
 )
@@ -391,8 +506,11 @@ __all__ = [
     "Kind",
     "Look",
     "Parsed",
+    "RemoteSpec",
     "case_text",
     "kind_of",
     "node_targets",
     "parse_ref",
+    "remote_spec",
+    "remote_target",
 ]
