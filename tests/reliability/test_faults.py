@@ -185,7 +185,10 @@ def test_model_that_fails_to_load_leaves_others_up(
     http: Any, grpcc: Any, module_server: Any, rel: Any
 ) -> None:
     assert not http.is_model_ready("fails_to_load") and not grpcc.is_model_ready("fails_to_load")
-    assert http.is_server_ready() and http.is_model_ready("add_sub") and grpcc.is_model_ready("slow")
+    # strict readiness (Triton's default): the server is not ready while a model failed to load,
+    # and the models that loaded serve
+    assert not http.is_server_ready() and not grpcc.is_server_ready()
+    assert http.is_server_live() and http.is_model_ready("add_sub") and grpcc.is_model_ready("slow")
     index = {m["name"]: m for m in http.get_model_repository_index()}
     assert index["fails_to_load"]["state"] == "UNAVAILABLE"
     assert "fails to load on purpose" in index["fails_to_load"]["reason"]
