@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from flowserve.core.datatypes import to_numpy
 from flowserve.core.errors import (
     AlreadyExists,
@@ -369,7 +371,9 @@ class PythonModelBackend(BackendNode):
             declared = self._declared.get(key)
             if declared is not None and declared != "BYTES" and array.dtype.kind not in "OSU":
                 want = to_numpy(declared)
-                if array.dtype != want:
+                # a widening (FP16 for FP32) is served as declared, with a warning; a narrowing
+                # (FP64 for FP32) is left for the executor to refuse, naming the output
+                if array.dtype != want and np.can_cast(array.dtype, want, "safe"):
                     self._warn_dtype(key, array.dtype, declared)
                     out[key] = array.astype(want)
         return out
