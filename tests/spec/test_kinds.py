@@ -10,7 +10,7 @@ from flowserve.spec.schema import NodeSpec
 
 def test_every_kind_has_a_builder_and_the_yaml_kinds_keep_their_order() -> None:
     assert set(BUILDERS) == set(KINDS)
-    assert YAML_KINDS == ("model", "python", "switch", "graph", "split")
+    assert YAML_KINDS == ("model", "python", "switch", "graph", "split", "remote")
     assert KINDS["backend"].parse is None and KINDS["backend"].model_batching
 
 
