@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowserve.runtime.registry import Registry
+from flowserve.runtime.registry import NEVER_LOADED, Registry
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import Duration, ModelStats
 from flowserve.spec.triton import config_to_json
 
-SERVER_NAME = "flowserve"
+# Server metadata names the protocol, not the program: Triton's own clients and examples test
+# `name == "triton"` (simple_*_health_metadata.py), so flowserve answers as a Triton-protocol
+# server; "version" is flowserve's own, and the extension "flowserve" tells clients which
+# implementation answers (IMPLEMENTATION), for those that want to know.
+SERVER_NAME = "triton"
+IMPLEMENTATION = "flowserve"
 
 # The protocol extensions this server implements (reported by server metadata).
 EXTENSIONS = [
@@ -28,6 +33,7 @@ EXTENSIONS = [
     "statistics",
     "trace",
     "logging",
+    IMPLEMENTATION,
 ]
 
 
@@ -105,12 +111,22 @@ def statistics(registry: Registry, name: str = "", version: str = "") -> dict[st
 
 
 def repository_index(registry: Registry, ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's index: every model directory (and graph) the repositories hold now, whether
+    loaded or not; one entry per version it knows a state for, and a name-only entry for one
+    never loaded (Triton's ``{"name": ...}``). ``ready_only``: READY versions only."""
     out = []
+    known = set()
     for status in registry.index():
+        known.add(status.name)
         if ready_only and status.state.value != "READY":
+            continue
+        if status.reason == NEVER_LOADED and not status.version:
+            out.append({"name": status.name})
             continue
         entry = {"name": status.name, "version": status.version, "state": status.state.value}
         if status.reason:
             entry["reason"] = status.reason
         out.append(entry)
-    return out
+    if not ready_only:
+        out += [{"name": name} for name in set(registry.listing()) - known]
+    return sorted(out, key=lambda e: (e["name"], e.get("version", "")))

@@ -34,14 +34,14 @@ from flowserve.repository.remote import resolve_repositories
 from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.executor import Executor
-from flowserve.runtime.registry import Registry, State
+from flowserve.runtime.registry import NEVER_LOADED, Registry, State
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import ModelStats
 from flowserve.runtime.validate import validate_inputs
 from flowserve.spec.model_config import mark_decoupled
 from flowserve.spec.repository import Scan, fingerprint, override_scan, scan_graphs, scan_repository
 from flowserve.spec.schema import GraphSpec, ModelSpec, node_targets
-from flowserve.spec.triton import config_from_graph
+from flowserve.spec.triton import config_from_graph, parse_config_json
 
 log = logging.getLogger("flowserve")
 
@@ -107,6 +107,7 @@ class Repository:
         self.graph_dirs = _paths(graphs)
         self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None
         self.registry = Registry()
+        self.registry.listing = self.listing
         self.issues: list[SpecIssue] = []
         self.models: dict[str, ModelSpec] = {}
         self.graphs: dict[str, GraphSpec] = {}
@@ -170,9 +171,11 @@ class Repository:
         await self._load_concurrently(compiled.order, compiled.plans, subset)
         if wanted is None:
             return scan
+        # what was not asked for (explicit mode): the index lists it by name only, as Triton
+        # lists a model it never loaded; the UI and metrics show it UNAVAILABLE
         for name in sorted(set(scan.paths) - selected - set(self.fingerprints)):
             if not any(s.name == name for s in self.registry.index()):
-                self.registry.mark(name, "", State.UNAVAILABLE, "unloaded")
+                self.registry.mark(name, "", State.UNAVAILABLE, NEVER_LOADED)
         return scan
 
     async def _load_concurrently(self, order: list[str], plans: dict[str, Plan], scan: Scan) -> None:
@@ -348,6 +351,12 @@ class Repository:
     ) -> None:
         if config_json is None:
             raise InvalidArgument(f"load of '{name}': file overrides require a 'config' parameter")
+        try:
+            parse_config_json(config_json)
+        except InvalidArgument as exc:  # Triton's wording (and, as Triton, in the server log)
+            message = f"failed to load '{name}': Invalid config override: {exc.message}"
+            log.error("%s", message)
+            raise InvalidArgument(message) from None
         model_dir = next((r / name for r in self.repositories if (r / name).is_dir()), None)
         scan = override_scan(
             name, model_dir, config_json, files or {}, self._override_root(), autocompletions()
@@ -369,6 +378,18 @@ class Repository:
         self.fingerprints.pop(name, None)
         await self._load_concurrently([name], compiled.plans, scan)
 
+    def listing(self) -> list[str]:
+        """Every model directory and graph the repositories and graph folders hold now, loaded
+        or not: Triton's repository index looks at the disk at each call, so a directory added
+        after start is listed (and can be loaded) in explicit mode."""
+        names: set[str] = set()
+        for root in self.repositories:
+            with contextlib.suppress(OSError):
+                names.update(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for folder in self.graph_dirs:
+            names.update(scan_graphs(folder).paths)
+        return sorted(names)
+
     def _override_root(self) -> Path:
         if self._overrides is None:
             self._overrides = Path(tempfile.mkdtemp(prefix="flowserve-overrides-"))
@@ -376,8 +397,13 @@ class Repository:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> list[str]:
         """Unload ``name`` (and, if asked, every graph that uses it); returns what was unloaded."""
-        if not self.registry.has(name) and not any(s.name == name for s in self.registry.index()):
-            raise NotFound(f"failed to unload '{name}': unknown model")
+        if not self.registry.has(name):
+            if self.registry.never_loaded(name) or (
+                name in self.listing() and not any(s.name == name for s in self.registry.index())
+            ):
+                return []  # in the repository but never loaded: nothing to do (as Triton)
+            if not any(s.name == name for s in self.registry.index()):
+                raise NotFound(f"failed to unload '{name}': unknown model")
         names = [name]
         if unload_dependents:
             names += self.dependents(name)

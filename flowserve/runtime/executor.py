@@ -40,16 +40,32 @@ class OutputCheck:
     rank: int
     # (axis, size) of every declared dimension that is not variable (-1)
     fixed: tuple[tuple[int, int], ...] = ()
+    # a repository model's output has the shape it returns: Triton compares no output shape
+    # with the config (a Python model answering [1] for a batched dims [1] is served so), and
+    # neither does flowserve for such a model: a difference is logged once, not refused
+    lenient_shape: bool = False
 
 
 def output_checks(node: PlanNode) -> tuple[OutputCheck, ...]:
     checks = []
+    lenient = node.spec.kind == "backend"  # a repository model (spec/schema.py model_graph)
     for name in node.outputs:
         spec = node.signature.outputs.get(name)
         dtype = to_numpy(spec.datatype) if spec is not None else None
         fixed = tuple((i, d) for i, d in enumerate(spec.dims) if d >= 0) if spec is not None else ()
-        checks.append(OutputCheck(name, f"{node.name}.{name}", dtype, len(spec.dims) if spec else -1, fixed))
+        rank = len(spec.dims) if spec else -1
+        checks.append(OutputCheck(name, f"{node.name}.{name}", dtype, rank, fixed, lenient))
     return tuple(checks)
+
+
+def _shape_problem(check: OutputCheck, array: np.ndarray) -> str:
+    """How ``array``'s shape differs from the declared one ("" when it does not)."""
+    if check.rank >= 0 and array.ndim != check.rank:
+        return f"output '{check.name}' has shape {list(array.shape)}, declared rank {check.rank}"
+    for axis, size in check.fixed:
+        if array.shape[axis] != size:
+            return f"output '{check.name}' has shape {list(array.shape)}, declared dimension {axis} is {size}"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +115,7 @@ class Executor:
         # shares them, so one NodeStats per node holds everything known about it
         self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
+        self._shape_warned: set[str] = set()  # outputs whose shape difference was logged
         # a node with partial outputs (a switch) produces some of what it declares, others all
         self._partial = [node.partial_outputs for node in nodes]
         self._decoupled = [node.decoupled for node in nodes]
@@ -360,16 +377,19 @@ class Executor:
                 and not (check.dtype.kind == "O" and array.dtype.kind in "OSU")
             ):
                 raise InternalError(f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}")
-            if check.rank >= 0 and array.ndim != check.rank:
-                raise InternalError(
-                    f"output '{check.name}' has shape {list(array.shape)}, declared rank {check.rank}"
+            problem = _shape_problem(check, array)
+            if not problem:
+                continue
+            if not check.lenient_shape:
+                raise InternalError(problem)
+            if check.key not in self._shape_warned:
+                self._shape_warned.add(check.key)
+                log.warning(
+                    "model '%s': %s (in its config); served with the shape it returned, as Triton "
+                    "does (logged once)",
+                    self.plan.name,
+                    problem,
                 )
-            for axis, size in check.fixed:
-                if array.shape[axis] != size:
-                    raise InternalError(
-                        f"output '{check.name}' has shape {list(array.shape)}, declared dimension "
-                        f"{axis} is {size}"
-                    )
 
 
 def _abandoned(ctx: Context, doing: str) -> Unavailable:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from flowserve.core.errors import NotFound, Unavailable
 from flowserve.runtime.servable import Servable
 from flowserve.spec.schema import node_targets
+
+# The reason of a model the repository holds but was never asked to load (explicit mode): the
+# index lists it by name only, as Triton does, and a request for it is "not found".
+NEVER_LOADED = "not loaded"
 
 
 class State(enum.Enum):
@@ -32,6 +37,9 @@ class Registry:
         # graph name -> (node, target) of its model and graph steps: a graph is ready only
         # while everything it uses is loaded
         self._uses: dict[str, tuple[tuple[str, str], ...]] = {}
+        # every model and graph name the repositories hold right now, loaded or not (the
+        # repository sets it: a fresh look at the disk, as Triton's index lists it per call)
+        self.listing: Callable[[], Iterable[str]] = tuple
 
     def add(self, servable: Servable) -> None:
         self._servables.setdefault(servable.name, {})[servable.version] = servable
@@ -69,12 +77,17 @@ class Registry:
 
     def get(self, name: str, version: str = "") -> Servable:
         """The servable for (name, version); "" picks the highest loaded version."""
+        # Triton's wording (model_lifecycle.cc) starts every one of these answers: clients test
+        # for "Request for unknown model"; the reason flowserve knows follows it
         versions = self._servables.get(name)
         if not versions:
             status = self._failed_reason(name)
             if status is not None:
-                raise Unavailable(f"model '{name}' is not ready: {status}")
-            raise NotFound(f"unknown model: '{name}'")
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' has no available versions "
+                    f"(model '{name}' is not ready: {status})"
+                )
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
         if name in self._uses:
             missing = self.missing(name)
             if missing:
@@ -84,8 +97,14 @@ class Registry:
         try:
             return versions[int(version)]
         except (ValueError, KeyError):
+            known = self._status.get((name, version))
+            if known is not None and known.state is not State.READY:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' version {version} is not at ready state "
+                    f"({known.reason or known.state.value})"
+                ) from None
             raise NotFound(
-                f"unknown version '{version}' of model '{name}' (loaded: "
+                f"Request for unknown model: '{name}' version {version} is not found (loaded: "
                 f"{', '.join(str(v) for v in sorted(versions))})"
             ) from None
 
@@ -101,9 +120,14 @@ class Registry:
 
     def _failed_reason(self, name: str) -> str | None:
         for (n, _), status in self._status.items():
-            if n == name and status.state is not State.READY:
+            if n == name and status.state is not State.READY and status.reason != NEVER_LOADED:
                 return status.reason or status.state.value
         return None
+
+    def never_loaded(self, name: str) -> bool:
+        """Whether ``name`` is known only as a model the repository holds and nobody loaded."""
+        statuses = [s for (n, _), s in self._status.items() if n == name]
+        return bool(statuses) and all(s.reason == NEVER_LOADED for s in statuses)
 
     def has(self, name: str) -> bool:
         return bool(self._servables.get(name))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowserve.core.errors import FlowserveError, InvalidArgument, SpecError, SpecIssue
+from flowserve.core.errors import FlowserveError, InternalError, InvalidArgument, SpecError, SpecIssue
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import GraphSpec, ModelSpec
@@ -188,14 +189,20 @@ def check_model_name(name: str) -> None:
 
 
 def write_override_files(name: str, target: Path, files: dict[str, bytes]) -> None:
-    """Write a load request's ``file:`` entries under ``target`` and nowhere else: relative
-    paths without '..', and no path whose directories or file are symbolic links (a link could
-    lead out of the model directory), checked on the resolved path and again when opening."""
+    """Write a load request's ``file:`` entries under ``target`` and nowhere else.
+
+    A path is relative to the model directory; a leading '/' is too, as in Triton (which joins
+    it to the model directory: ``file:/1/model.py`` is ``1/model.py``). No '..', and no path
+    whose directories or file are symbolic links (a link could lead out of the model
+    directory), checked on the resolved path and again when opening. A path the file system
+    refuses (a name over NAME_MAX...) fails as Triton's does: INTERNAL, "failed to poll from
+    model repository"."""
     root = target.resolve()
     for rel, data in files.items():
         where = f"load of '{name}': file path '{rel}'"
-        parts = Path(rel).parts
-        if not rel or Path(rel).is_absolute() or not parts or ".." in parts or "\0" in rel:
+        relative = rel.lstrip("/")
+        parts = Path(relative).parts
+        if not relative or Path(relative).is_absolute() or not parts or ".." in parts or "\0" in rel:
             raise InvalidArgument(f"{where} must stay inside the model directory")
         path = target.joinpath(*parts)
         try:
@@ -204,7 +211,13 @@ def write_override_files(name: str, target: Path, files: dict[str, bytes]) -> No
                 raise InvalidArgument(f"{where} leads out of the model directory (symbolic link)")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            raise InvalidArgument(f"{where} cannot be written: {exc.strerror}") from None
+            # a link met by O_NOFOLLOW, a file where a directory must be (or the reverse)
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+                raise InvalidArgument(f"{where} cannot be written: {exc.strerror}") from None
+            raise InternalError(
+                f"failed to load '{name}', failed to poll from model repository: {where} cannot be "
+                f"written: {exc.strerror}"
+            ) from None
         with os.fdopen(fd, "wb") as out:
             out.write(data)
 

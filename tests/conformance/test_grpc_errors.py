@@ -92,7 +92,12 @@ def test_unknown_model_with_bad_payload_is_not_found(stub: Any) -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_unknown_version(client: grpcclient.InferenceServerClient, model: str) -> None:
     expect_error(
-        client, model, good_inputs(model), StatusCode.NOT_FOUND, "'7'", f"'{model}'", model_version="7"
+        client,
+        model,
+        good_inputs(model),
+        StatusCode.NOT_FOUND,
+        f"Request for unknown model: '{model}' version 7 is not found",
+        model_version="7",
     )
 
 

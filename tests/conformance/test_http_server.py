@@ -42,7 +42,8 @@ def test_health(client: httpclient.InferenceServerClient, server: Any) -> None:
 
 def test_server_metadata(client: httpclient.InferenceServerClient, server: Any) -> None:
     meta = client.get_server_metadata()
-    assert meta["name"] == "flowserve"
+    assert meta["name"] == "triton"  # Triton's clients check the name
+    assert "flowserve" in meta["extensions"]
     assert meta["version"]
     for extension in (
         "binary_tensor_data",
@@ -101,7 +102,7 @@ def test_log_settings(client: httpclient.InferenceServerClient) -> None:
 async def test_aio_settings_and_metadata(server: Any) -> None:
     async with aiohttpclient.InferenceServerClient(server.http_url) as client:
         assert await client.is_server_ready()
-        assert (await client.get_server_metadata())["name"] == "flowserve"
+        assert (await client.get_server_metadata())["name"] == "triton"
         assert (await client.get_model_config("simple_ensemble"))["platform"] == "ensemble"
         assert (await client.get_trace_settings())["trace_level"] == ["OFF"]
         assert "log_info" in await client.get_log_settings()

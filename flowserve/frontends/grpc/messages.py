@@ -68,7 +68,12 @@ def repository_index(entries: list[dict[str, str]]) -> Any:
     model = pb.RepositoryIndexResponse.ModelIndex
     return pb.RepositoryIndexResponse(
         models=[
-            model(name=e["name"], version=e["version"], state=e["state"], reason=e.get("reason", ""))
+            model(
+                name=e["name"],
+                version=e.get("version", ""),
+                state=e.get("state", ""),
+                reason=e.get("reason", ""),
+            )
             for e in entries
         ]
     )
