@@ -10,9 +10,10 @@ from flowserve.core.errors import NotFound, Unavailable
 from flowserve.runtime.servable import Servable
 from flowserve.spec.schema import node_targets
 
-# The reason of a model the repository holds but was never asked to load (explicit mode): the
-# index lists it by name only, as Triton does, and a request for it is "not found".
-NEVER_LOADED = "not loaded"
+# The reason of a model the repository holds but was never asked to load (explicit mode), with
+# version "": the index lists it by name only, as Triton does, and a request for it is "not
+# found". (An unloaded version keeps its version number and the same reason.)
+NEVER_LOADED = "unloaded"
 
 
 class State(enum.Enum):
@@ -28,6 +29,10 @@ class Status:
     version: str
     state: State
     reason: str = ""
+
+
+def _never_loaded(status: Status) -> bool:
+    return not status.version and status.reason == NEVER_LOADED
 
 
 class Registry:
@@ -120,14 +125,14 @@ class Registry:
 
     def _failed_reason(self, name: str) -> str | None:
         for (n, _), status in self._status.items():
-            if n == name and status.state is not State.READY and status.reason != NEVER_LOADED:
+            if n == name and status.state is not State.READY and not _never_loaded(status):
                 return status.reason or status.state.value
         return None
 
     def never_loaded(self, name: str) -> bool:
         """Whether ``name`` is known only as a model the repository holds and nobody loaded."""
         statuses = [s for (n, _), s in self._status.items() if n == name]
-        return bool(statuses) and all(s.reason == NEVER_LOADED for s in statuses)
+        return bool(statuses) and all(_never_loaded(s) for s in statuses)
 
     def has(self, name: str) -> bool:
         return bool(self._servables.get(name))
