@@ -87,6 +87,10 @@ def start_server(
     for gdir in graphs:
         cmd += ["--graphs", str(gdir)]
     cmd += list(extra)
+    if TEST_MODELS in repositories and not any(a.startswith("--strict-readiness") for a in extra):
+        # tests/models/broken fails to load on purpose: with strict readiness (the default) the
+        # server would never read ready; the tests of readiness itself say what they want
+        cmd.append("--strict-readiness=false")
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
@@ -113,13 +117,10 @@ def start_server(
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
-    """One server for a whole test session (bundled content + tests/models, shm allowed).
-    tests/models/broken fails to load on purpose: with strict readiness the server would never
-    be ready, so this one reads ready while what loaded serves."""
+    """One server for a whole test session (bundled content + tests/models, shm allowed)."""
     proc = start_server(
-        "--allow-shm", "--model-control-mode=explicit", "--load-model=*", f"--cache-size={1 << 20}",
-        "--strict-readiness=false",
-    )  # fmt: skip
+        "--allow-shm", "--model-control-mode=explicit", "--load-model=*", f"--cache-size={1 << 20}"
+    )
     try:
         yield proc
     finally:

@@ -94,6 +94,8 @@ class DataPlane:
         self.engine = engine
         # the other worker processes of this server (--workers N; dataplane/peers.py), or None
         self.peers: Peers | None = None
+        # pb_utils.load_model/unload_model inside a model: through this plane's own door
+        engine.repository.control.target = _ModelControl(self)
         # connection caps per listener and the server-wide budget of buffered request bytes
         self.guards = guards or Guards()
         self.shm = shm or SharedMemoryRegistry(enabled=False)
@@ -500,7 +502,7 @@ class DataPlane:
 
     def require_model(self, name: str) -> None:
         if not self.engine.registry.has(name):
-            raise NotFound(f"unknown model: '{name}'")
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
 
     # ------------------------------------------------------------ what is loaded (read-only)
 
@@ -549,6 +551,23 @@ class DataPlane:
     async def stop(self) -> None:
         """Stop serving: every servable is stopped (the repository's and the engine's end)."""
         await self.engine.stop()
+
+
+class _ModelControl:
+    """``pb_utils.load_model``/``unload_model`` as the load and unload API (Triton's: the
+    control mode decides, a config override and files as the API's parameters)."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        parameters: dict[str, Any] = {f"file:{path}": data for path, data in files.items()}
+        if config:
+            parameters["config"] = config
+        await self.plane.load(name, parameters or None)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self.plane.unload(name, {"unload_dependents": unload_dependents})
 
 
 def _refuse_file_change(settings: dict[str, Any], key: str, current: str, kind: str) -> None:

@@ -11,10 +11,19 @@ engines in one process never see each other's settings and nothing is read from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from flowserve.nodes.ratelimit import RateLimiter
+
+
+class ModelControl(Protocol):
+    """Model control for code inside a model (``pb_utils.load_model``/``unload_model``): the
+    server's, with its policy (control mode; with several workers, every worker)."""
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> Any: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +33,8 @@ class LoadSettings:
     inline_threshold_us: float = 1000.0
     # Triton's rate limiter, when the server has one (nodes/ratelimit.py)
     rate_limiter: RateLimiter | None = None
+    # model control for python models (pb_utils.load_model), when the server hands one over
+    model_control: ModelControl | None = None
 
     @property
     def inline_threshold_ns(self) -> int:

@@ -29,6 +29,7 @@ from flowserve.nodes.forward import ForwardNode
 from flowserve.nodes.loading import LoadSettings, load_waves
 from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.nodes.warmup import warm_up_graph
+from flowserve.repository.control import ControlLink
 from flowserve.repository.placement import Placement
 from flowserve.repository.remote import resolve_repositories
 from flowserve.repository.settings import RepositorySettings
@@ -100,9 +101,11 @@ class Repository:
         )
         # Triton's rate limiter (nodes/ratelimit.py); None: off
         self.rate_limiter = rate_limiter
+        # pb_utils.load_model/unload_model from inside a model: the data plane binds it
+        self.control = ControlLink()
         # what every node built here is given (nodes/loading.py)
         self.load_settings = LoadSettings(
-            settings.model_load_threads, settings.inline_threshold_us, rate_limiter
+            settings.model_load_threads, settings.inline_threshold_us, rate_limiter, self.control
         )
         self.graph_dirs = _paths(graphs)
         self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None

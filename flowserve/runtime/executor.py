@@ -40,9 +40,10 @@ class OutputCheck:
     rank: int
     # (axis, size) of every declared dimension that is not variable (-1)
     fixed: tuple[tuple[int, int], ...] = ()
-    # a repository model's output has the shape it returns: Triton compares no output shape
-    # with the config (a Python model answering [1] for a batched dims [1] is served so), and
-    # neither does flowserve for such a model: a difference is logged once, not refused
+    # a repository model's output has the shape and dtype it returns: Triton compares neither
+    # with the config (a Python model answering [1] for a batched dims [1], or INT64 for a
+    # declared INT32, as Triton's own bls_decoupled example does, is served so), and neither
+    # does flowserve for such a model: a difference is logged once, not refused
     lenient_shape: bool = False
 
 
@@ -115,7 +116,7 @@ class Executor:
         # shares them, so one NodeStats per node holds everything known about it
         self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
-        self._shape_warned: set[str] = set()  # outputs whose shape difference was logged
+        self._shape_warned: set[str] = set()  # outputs whose shape or dtype difference was logged
         # a node with partial outputs (a switch) produces some of what it declares, others all
         self._partial = [node.partial_outputs for node in nodes]
         self._decoupled = [node.decoupled for node in nodes]
@@ -376,20 +377,25 @@ class Executor:
                 and array.dtype != check.dtype
                 and not (check.dtype.kind == "O" and array.dtype.kind in "OSU")
             ):
-                raise InternalError(f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}")
+                problem = f"output '{check.name}' has dtype {array.dtype}, declared {check.dtype}"
+                if not check.lenient_shape:
+                    raise InternalError(problem)
+                self._warn_once(f"{check.key}:dtype", problem)
             problem = _shape_problem(check, array)
             if not problem:
                 continue
             if not check.lenient_shape:
                 raise InternalError(problem)
-            if check.key not in self._shape_warned:
-                self._shape_warned.add(check.key)
-                log.warning(
-                    "model '%s': %s (in its config); served with the shape it returned, as Triton "
-                    "does (logged once)",
-                    self.plan.name,
-                    problem,
-                )
+            self._warn_once(check.key, problem)
+
+    def _warn_once(self, key: str, problem: str) -> None:
+        if key not in self._shape_warned:
+            self._shape_warned.add(key)
+            log.warning(
+                "model '%s': %s (in its config); served as it returned it, as Triton does (logged once)",
+                self.plan.name,
+                problem,
+            )
 
 
 def _abandoned(ctx: Context, doing: str) -> Unavailable:

@@ -189,9 +189,12 @@ def test_override_files_stay_inside(tmp_path: Path) -> None:
     target.mkdir()
     write_override_files("m", target, {"1/model.py": b"ok", "config.pbtxt": b"x"})
     assert (target / "1" / "model.py").read_bytes() == b"ok"
-    for bad in ("../x", "/etc/x", "1/../../x", ""):
+    for bad in ("../x", "1/../../x", ""):
         with pytest.raises(InvalidArgument, match="inside the model directory"):
             write_override_files("m", target, {bad: b"no"})
+    # a leading '/' is relative to the model directory, as in Triton (file:/1/model.py)
+    write_override_files("m", target, {"/etc/x": b"in"})
+    assert (target / "etc" / "x").read_bytes() == b"in" and not Path("/etc/x").exists()
 
 
 def test_override_files_refuse_symbolic_links_out(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
 from flowserve.nodes.backends._support import placement
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.nodes.loading import ModelControl
 from flowserve.runtime.registry import Registry
 from flowserve.spec.triton import config_to_json
 
@@ -64,15 +65,6 @@ _ERRORS: dict[int, type[FlowserveError]] = {
     pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
     pb_utils.TritonError.CANCELLED: Cancelled,
 }
-
-
-class ModelControl(Protocol):
-    """What ``pb_utils.load_model``/``unload_model`` need: the repository's model control,
-    reached (when the repository hands one over) as ``LoadSettings.model_control``."""
-
-    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> Any: ...
-
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> Any: ...
 
 
 class EngineLink:
@@ -177,8 +169,7 @@ class PythonModelBackend(BackendNode):
 
     async def start(self) -> None:
         if self.registry is not None:
-            control = getattr(self.load, "model_control", None)
-            self._link = EngineLink(self.registry, asyncio.get_running_loop(), control)
+            self._link = EngineLink(self.registry, asyncio.get_running_loop(), self.load.model_control)
         # a decoupled model answers through request.get_response_sender(): see stream()
         self.decoupled = self.model.decoupled
         self._declared = {t.name: t.datatype for t in self.model.outputs}

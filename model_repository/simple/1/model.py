@@ -6,6 +6,20 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """The tensors, when a config (a load API override such as {"max_batch_size": 16}, as
+        the official model-control examples send) names none: what config.pbtxt declares."""
+        config = auto_complete_model_config.as_dict()
+        names = {t["name"] for t in config.get("input", []) + config.get("output", [])}
+        for name in ("INPUT0", "INPUT1"):
+            if name not in names:
+                auto_complete_model_config.add_input({"name": name, "data_type": "TYPE_INT32", "dims": [16]})
+        for name in ("OUTPUT0", "OUTPUT1"):
+            if name not in names:
+                auto_complete_model_config.add_output({"name": name, "data_type": "TYPE_INT32", "dims": [16]})
+        return auto_complete_model_config
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.out0_dtype = pb_utils.triton_string_to_numpy(
