@@ -242,3 +242,41 @@ def test_decoupled_python_model_over_model_stream_infer(server: ServerProcess) -
     finally:
         client.stop_stream()
     assert got == [(7, 0), (8, 1), (9, 2)]
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_triton_grpc_error_header_ends_the_stream_with_the_status(
+    server_factory: Any, transport: str
+) -> None:
+    """Triton's ``triton_grpc_error: true`` stream header: the first failing request closes the
+    stream with its gRPC status (without it, the error is that request's error_message and the
+    stream goes on)."""
+    proc = server_factory.start(
+        f"--grpc-server={transport}", "--model-control-mode=explicit", "--load-model=simple"
+    )
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)), headers={"triton_grpc_error": "true"}
+    )
+    try:
+        client.async_stream_infer("no_such_model", [])
+        _, error = results.get(timeout=30)
+        assert error is not None and error.status() == "StatusCode.NOT_FOUND", error
+        assert "Request for unknown model: 'no_such_model'" in error.message()
+    finally:
+        client.stop_stream()
+    plain: queue.Queue[tuple[Any, Any]] = queue.Queue()  # without the header: the stream goes on
+    client.start_stream(callback=lambda result, error: plain.put((result, error)))
+    try:
+        client.async_stream_infer("no_such_model", [])
+        _, error = plain.get(timeout=30)
+        assert error is not None and "no_such_model" in error.message()
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for inp in inputs:
+            inp.set_data_from_numpy(np.ones((1, 16), np.int32))
+        client.async_stream_infer("simple", inputs)
+        result, error = plain.get(timeout=30)
+        assert error is None and (result.as_numpy("OUTPUT0") == 2).all()
+    finally:
+        client.stop_stream()

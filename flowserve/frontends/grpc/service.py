@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -44,6 +45,16 @@ RESPONSES_AHEAD = 64
 EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
 _END = object()
+GRPC_ERROR = "triton_grpc_error"  # a stream request header: errors end the stream with their status
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A stream request's error, with ``triton_grpc_error``: the stream ends with it."""
+
+    code: grpc.StatusCode
+    message: str
+
 
 NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
 
@@ -99,7 +110,11 @@ class InferenceServicer:
         """Requests of one stream run concurrently (up to STREAM_WINDOW at once); their
         responses go back in the order of the requests, each request's (one, or any number for
         a decoupled model) in its own order, as they are produced. An error becomes that
-        request's ``error_message`` and the stream goes on."""
+        request's ``error_message`` and the stream goes on; with the request header
+        ``triton_grpc_error: true`` (Triton's), the first error ends the stream with its gRPC
+        status instead."""
+        metadata = context.invocation_metadata() or ()
+        grpc_error = any(k == GRPC_ERROR and str(v).lower() == "true" for k, v in metadata)
         window = asyncio.Semaphore(STREAM_WINDOW)
         pending: asyncio.Queue[asyncio.Queue[Any] | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
@@ -109,7 +124,7 @@ class InferenceServicer:
                 async for msg in request_iterator:
                     await window.acquire()
                     out: asyncio.Queue[Any] = asyncio.Queue(RESPONSES_AHEAD)
-                    task = asyncio.create_task(self._stream_one(msg, out))
+                    task = asyncio.create_task(self._stream_one(msg, out, grpc_error))
                     running.add(task)
                     task.add_done_callback(running.discard)
                     pending.put_nowait(out)
@@ -120,6 +135,8 @@ class InferenceServicer:
         try:
             while (out := await pending.get()) is not None:
                 while (response := await out.get()) is not _END:
+                    if isinstance(response, _Failed):
+                        await context.abort(response.code, response.message)
                     yield response
                 window.release()
             await reader
@@ -133,8 +150,9 @@ class InferenceServicer:
                 if isinstance(outcome, Exception):
                     log.error("a stream request's task failed", exc_info=outcome)
 
-    async def _stream_one(self, msg: Any, out: asyncio.Queue[Any]) -> None:
-        """Every response to one stream request into ``out``, then _END."""
+    async def _stream_one(self, msg: Any, out: asyncio.Queue[Any], grpc_error: bool = False) -> None:
+        """Every response to one stream request into ``out``, then _END (an error: a response
+        carrying it, or with ``grpc_error`` a :class:`_Failed` that ends the stream)."""
         try:
             request, targets = self._decode(msg)
             final_flag = request.parameters.get(EMPTY_FINAL) is True
@@ -152,7 +170,10 @@ class InferenceServicer:
                 last.parameters[FINAL].bool_param = True
                 await out.put(pb.ModelStreamInferResponse(infer_response=last))
         except Exception as exc:
-            _, message = status_of(exc)
+            code, message = status_of(exc)
+            if grpc_error:
+                await out.put(_Failed(code, message))
+                return
             echo = pb.ModelInferResponse(
                 model_name=msg.model_name, model_version=msg.model_version, id=msg.id
             )
