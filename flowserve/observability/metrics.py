@@ -320,7 +320,10 @@ _TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge", "gaugehist
 
 def exposition(metrics: Iterable[Metric]) -> bytes:
     """Prometheus text format 0.0.4, keeping each family's own sample names (Triton's counters
-    have no ``_total``) and label order (model, version first), integers without ``.0``."""
+    have no ``_total``), integers without ``.0``. Labels: Triton's ``nv_*`` series in Triton's
+    order (alphabetical: prometheus-cpp keeps labels in a sorted map, so dashboards and scrapers
+    matching Triton's lines see the same text, e.g. ``{model=..,reason=..,version=..}``), the
+    others model and version first."""
     out: list[str] = []
     for metric in metrics:
         name = metric.name
@@ -329,10 +332,12 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
         doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         out.append(f"# HELP {name} {doc}")
         out.append(f"# TYPE {name} {_TYPES.get(metric.type, metric.type)}")
+        triton = name.startswith("nv_")
         for s in metric.samples:
             if s.name.endswith("_created"):
                 continue
-            labels = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in s.labels.items())
+            items = sorted(s.labels.items()) if triton else s.labels.items()
+            labels = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in items)
             out.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels else f"{s.name} {_value(s.value)}")
     return ("\n".join(out) + "\n").encode()
 

@@ -277,3 +277,19 @@ def test_connections_and_buffered_bytes_are_exported(
     assert m[("flowserve_connections_open", frozenset({("listener", "grpc")}))] == 0
     assert m[("flowserve_request_bytes_buffered", frozenset())] == (1 << 20) + (1 << 16)
     assert m[("flowserve_request_bytes_refused", frozenset())] == 1
+
+
+def test_triton_series_list_their_labels_in_tritons_order() -> None:
+    """prometheus-cpp keeps labels sorted: Triton prints {model,reason,version}; so does
+    flowserve for its nv_* series (scrapers and dashboards matching Triton's text)."""
+    from prometheus_client.metrics_core import Metric
+
+    from flowserve.observability.metrics import exposition
+
+    family = Metric("nv_inference_request_failure", "failures", "counter")
+    family.add_sample("nv_inference_request_failure", {"model": "m", "version": "1", "reason": "BACKEND"}, 2)
+    own = Metric("flowserve_node_calls", "calls", "counter")
+    own.add_sample("flowserve_node_calls", {"model": "m", "version": "1", "node": "n"}, 3)
+    text = exposition([family, own]).decode()
+    assert 'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 2' in text
+    assert 'flowserve_node_calls{model="m",version="1",node="n"} 3' in text
