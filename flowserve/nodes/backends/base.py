@@ -156,6 +156,11 @@ class BackendNode(Node):
         await self.pool.close(self.unload_instance)
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        return await self._run_one(inputs, self.execute)
+
+    async def _run_one(self, inputs: TensorMap, execute: Callable[[Any, TensorMap], TensorMap]) -> TensorMap:
+        """One request (no batcher) on a free instance with ``execute(instance, inputs)``: the
+        reshapes applied, its queue and compute time counted in the model's statistics."""
         clock = self.clock
         queued = clock.now_ns()
         started = queued
@@ -166,7 +171,7 @@ class BackendNode(Node):
 
         if self._in_reshape:
             inputs = self._reshape(inputs, self._in_reshape)
-        outputs: TensorMap = await self.pool.run(self.execute, inputs, acquired)
+        outputs: TensorMap = await self.pool.run(execute, inputs, acquired)
         if self._out_reshape:
             outputs = self._reshape(outputs, self._out_reshape)
         done = clock.now_ns()

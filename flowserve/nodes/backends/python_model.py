@@ -181,27 +181,11 @@ class PythonModelBackend(BackendNode):
         model.py's ``InferenceRequest``."""
         if not ctx.request_id and not ctx.parameters:
             return await super().__call__(inputs, ctx)
-        clock = self.clock
-        queued = clock.now_ns()
-        started = queued
-
-        def acquired() -> None:
-            nonlocal started
-            started = clock.now_ns()
-
-        if self._in_reshape:
-            inputs = self._reshape(inputs, self._in_reshape)
 
         def run(instance: PythonInstance, one: TensorMap) -> TensorMap:
             return self._execute_requests(instance, [one], [ctx])[0]
 
-        outputs: TensorMap = await self.pool.run(run, inputs, acquired)
-        if self._out_reshape:
-            outputs = self._reshape(outputs, self._out_reshape)
-        rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
-        self.stats.queue.add(started - queued)
-        self.stats.record_execution(rows, 0, clock.now_ns() - started, 0)
-        return outputs
+        return await self._run_one(inputs, run)
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """A decoupled model's responses for one request, in the order model.py sends them,
