@@ -61,11 +61,10 @@ class StartupError(Exception):
 def failed_models(plane: DataPlane) -> list[Status]:
     """Models and graphs that were to load and are unavailable (failed to load, or failed to
     compile), not the ones unloaded on purpose nor a version that failed beside a serving one."""
-    registry = plane.engine.registry
     return [
         s
-        for s in registry.index()
-        if s.state is State.UNAVAILABLE and s.reason != "unloaded" and not registry.has(s.name)
+        for s in plane.model_states()
+        if s.state is State.UNAVAILABLE and s.reason != "unloaded" and not plane.has_model(s.name)
     ]
 
 
@@ -290,15 +289,15 @@ def _address(host: str, port: int) -> str:
 def startup_table(plane: DataPlane, addresses: list[tuple[str, str]]) -> str:
     """What the server loaded, as Triton prints it at start: every model and graph with its
     version, state and (when unavailable) why, then the addresses the listeners are bound to."""
-    statuses = plane.engine.registry.index()
-    repository = plane.engine.repository
+    statuses = plane.model_states()
+    models = plane.model_specs()
     rows = [("MODEL", "KIND", "VERSION", "STATUS")]
     for status in statuses:
         state = status.state.value
         if status.reason and status.state is not State.READY:
             state += f": {' '.join(status.reason.split())}"
-        model = repository.models.get(status.name)
-        if status.name in repository.graphs:
+        model = models.get(status.name)
+        if plane.is_graph(status.name):
             kind = "graph"
         elif model is not None:
             kind = model.platform if model.platform == "ensemble" else model.backend or model.platform

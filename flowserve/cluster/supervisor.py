@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from flowserve.cluster.link import Link, serve
-from flowserve.cluster.merge import merge_metrics, merge_statistics
 from flowserve.cluster.worker import SUPERVISOR_SOCKET, worker_socket
 from flowserve.core.errors import FlowserveError, NotFound, Unavailable
 from flowserve.observability.traces import TraceFiles
@@ -293,13 +292,8 @@ class Supervisor:
             return None
         if kind == "broadcast":
             return await self._broadcast(message["op"], message["args"])
-        if kind == "statistics":
-            parts = await self._gather("local_statistics", message)
-            return merge_statistics(parts)
-        if kind == "gather":
+        if kind == "gather":  # every worker's view of one kind (statistics, metrics, the UI's)
             return await self._gather("local", message)
-        if kind == "metrics":
-            return merge_metrics(await self._gather("local_metrics", {}))
         raise NotFound(f"supervisor: unknown call '{kind}'")
 
     async def _broadcast(self, op: str, args: dict[str, Any]) -> None:
@@ -323,13 +317,21 @@ class Supervisor:
         left -= 1
         self.trace_counts[model] = left
         compact(self.changes, "trace_settings", {"settings": {"trace_count": str(left)}, "model": model})
-        for worker in self.workers:
-            if worker.link is not None and not worker.link.closed:
-                with contextlib.suppress(Exception):
-                    await worker.link.notify("trace_count", {"model": model, "count": left})
+        await self._notify_all("trace_count", {"model": model, "count": left})
+
+    def _links(self) -> list[Link]:
+        """The links of the workers connected now."""
+        return [w.link for w in self.workers if w.link is not None and not w.link.closed]
+
+    async def _notify_all(self, kind: str, message: Any) -> None:
+        """Tell every connected worker, without waiting for answers (a worker gone meanwhile
+        hears it when it starts again)."""
+        for link in self._links():
+            with contextlib.suppress(Exception):
+                await link.notify(kind, message)
 
     async def _everywhere(self, kind: str, message: dict[str, Any]) -> list[Any]:
-        links = [w.link for w in self.workers if w.link is not None and not w.link.closed]
+        links = self._links()
         results = await asyncio.gather(*(link.call(kind, message) for link in links), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -339,7 +341,7 @@ class Supervisor:
     async def _gather(self, kind: str, message: dict[str, Any]) -> list[Any]:
         """Every worker's answer; a worker that is down is left out, a NotFound everywhere is
         the answer."""
-        links = [w.link for w in self.workers if w.link is not None and not w.link.closed]
+        links = self._links()
         results = await asyncio.gather(*(link.call(kind, message) for link in links), return_exceptions=True)
         answers = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -358,10 +360,7 @@ class Supervisor:
         state = self._cluster()
         if state["ready"]:
             self._all_ready.set()
-        for worker in self.workers:
-            if worker.link is not None and not worker.link.closed:
-                with contextlib.suppress(Exception):
-                    await worker.link.notify("cluster", state)
+        await self._notify_all("cluster", state)
 
 
 __all__ = ["CHANGES", "Supervisor", "compact", "worker_socket"]

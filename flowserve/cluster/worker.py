@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flowserve.cluster.link import Link, serve
+from flowserve.cluster.merge import merge_metrics, merge_statistics
 from flowserve.core.errors import InternalError, NotFound, Unavailable
 from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane.plane import DataPlane, Trace
@@ -63,8 +64,6 @@ class WorkerPeers:
         self.directory = directory
         self.supervisor: Link | None = None
         self.plane: DataPlane | None = None
-        # renders this worker's own /metrics text (set by the server once its collector exists)
-        self.local_metrics: Callable[[], str] | None = None
         self._owners: dict[int, Link] = {}
         self._connecting: dict[int, asyncio.Lock] = {}
         self._cluster: dict[str, Any] = {"ready": False, "up": 0, "workers": workers, "restarts": 0}
@@ -99,6 +98,7 @@ class WorkerPeers:
         """Apply the changes made before this worker started (a restarted worker catches up),
         then serve the supervisor's and the peers' calls and say this worker is ready."""
         self.plane = plane
+        self.serve_local("statistics", lambda args: plane.statistics(args["name"], args["version"]))
         async with self._apply:
             for op, args in changes:
                 try:
@@ -130,10 +130,7 @@ class WorkerPeers:
         await self._supervisor().call("broadcast", {"op": op, "args": args})
 
     async def statistics(self, name: str, version: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self._supervisor().call(
-            "statistics", {"name": name, "version": version}
-        )
-        return result
+        return merge_statistics(await self.gather("statistics", {"name": name, "version": version}))
 
     async def gather(self, kind: str, args: dict[str, Any]) -> list[Any]:
         answers: list[Any] = await self._supervisor().call("gather", {"kind": kind, "args": args})
@@ -143,8 +140,7 @@ class WorkerPeers:
         self._views[kind] = view
 
     async def metrics(self) -> str:
-        text: str = await self._supervisor().call("metrics", {})
-        return text
+        return merge_metrics(await self.gather("metrics", {}))
 
     async def forward(self, request: Forwarded) -> Any:
         """Run ``request`` on the worker that owns its model (the Forwarder of placement)."""
@@ -255,15 +251,11 @@ class WorkerPeers:
             async with self._apply:
                 await plane.apply(message["op"], message["args"])
             return None
-        if kind == "local_statistics":
-            return plane.local_statistics(message["name"], message["version"])
         if kind == "local":
             view = self._views.get(message["kind"])
             if view is None:
                 raise NotFound(f"worker {self.index}: no view '{message['kind']}'")
             return view(message["args"])
-        if kind == "local_metrics":
-            return self.local_metrics() if self.local_metrics is not None else ""
         raise NotFound(f"worker {self.index}: unknown call '{kind}'")
 
 

@@ -23,9 +23,6 @@ from flowserve.core.types import InferRequest, InferResponse
 
 
 class Peers(Protocol):
-    # renders this worker's own /metrics text, for the merged whole (set by the metrics front end)
-    local_metrics: Callable[[], str] | None
-
     def all_ready(self) -> bool:
         """Whether every worker is up and has loaded what it should (readiness)."""
         ...

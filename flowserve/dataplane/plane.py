@@ -157,8 +157,6 @@ class DataPlane:
             ]
         return stats
 
-    local_statistics = statistics
-
     async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """The whole server's statistics: with several workers, every worker's summed."""
         if self.peers is None:

@@ -362,7 +362,7 @@ def make_metrics_app(plane: DataPlane, process: bool = True) -> ASGIApp:
     registry = make_registry(plane, process)
     peers = plane.peers
     if peers is not None:  # with several workers: this worker's share, for the merged whole
-        peers.local_metrics = lambda: scrape(registry).decode()
+        peers.serve_local("metrics", lambda _: scrape(registry).decode())
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -116,7 +116,7 @@ class Executor:
         # shares them, so one NodeStats per node holds everything known about it
         self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
-        self._shape_warned: set[str] = set()  # outputs whose shape or dtype difference was logged
+        self._warned: set[str] = set()  # outputs whose shape or dtype difference was logged
         # a node with partial outputs (a switch) produces some of what it declares, others all
         self._partial = [node.partial_outputs for node in nodes]
         self._decoupled = [node.decoupled for node in nodes]
@@ -389,8 +389,8 @@ class Executor:
             self._warn_once(check.key, problem)
 
     def _warn_once(self, key: str, problem: str) -> None:
-        if key not in self._shape_warned:
-            self._shape_warned.add(key)
+        if key not in self._warned:
+            self._warned.add(key)
             log.warning(
                 "model '%s': %s (in its config); served as it returned it, as Triton does (logged once)",
                 self.plan.name,
