@@ -1,7 +1,9 @@
 """System shared memory regions registered by clients (Triton's system_shared_memory extension).
 
 A region is a POSIX shared memory object (``/dev/shm/<key>``) mapped once at registration;
-inputs are read from it and outputs written to it, every access bounds-checked.
+inputs are read from it and outputs written to it, every access bounds-checked. Registration
+is open to any client by default (as in Triton), so the number of regions is bounded
+(:data:`MAX_REGIONS`): each is a mapping the process holds until it is unregistered.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
+from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unsupported
 
 SHM_ROOT = Path("/dev/shm")
+# regions registered at once (Linux allows a process about 65k mappings in all)
+MAX_REGIONS = 4096
 
 
 @dataclass(slots=True)
@@ -31,8 +35,9 @@ class Region:
 
 
 class SharedMemoryRegistry:
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, max_regions: int = MAX_REGIONS) -> None:
         self.enabled = enabled
+        self.max_regions = max_regions
         self._regions: dict[str, Region] = {}
 
     def _check_enabled(self) -> None:
@@ -45,6 +50,11 @@ class SharedMemoryRegistry:
         self._check_enabled()
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' is already registered")
+        if len(self._regions) >= self.max_regions:
+            raise ResourceExhausted(
+                f"shared memory region '{name}': {len(self._regions)} regions are registered, the "
+                "most this server holds; unregister some first"
+            )
         if offset < 0 or byte_size <= 0:
             raise InvalidArgument(
                 f"shared memory region '{name}': invalid offset {offset} / byte_size {byte_size}"
@@ -76,7 +86,12 @@ class SharedMemoryRegistry:
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
                     f"exceeds the object's size {size}"
                 )
-            mapping = mmap.mmap(fd, size)
+            try:
+                mapping = mmap.mmap(fd, size)
+            except OSError as exc:  # no address space or mapping left for it
+                raise ResourceExhausted(
+                    f"shared memory region '{name}': cannot map key '{key}': {exc.strerror}"
+                ) from None
         finally:
             os.close(fd)
         self._regions[name] = Region(name, key, offset, byte_size, mapping)
