@@ -201,6 +201,9 @@ class InferenceTrace:
         return self._context or None
 
 
+_NO_TRACE = InferenceTrace()  # what every request the server hands to execute() carries
+
+
 # ---------------------------------------------------------------------------- tensors
 
 
@@ -235,6 +238,15 @@ class Tensor:
             )
         self._name = name
         self._array = arr
+
+    @classmethod
+    def _of(cls, name: str, array: np.ndarray) -> Tensor:
+        """A tensor of an array the server decoded (already numpy, never a str array): the
+        checks of the constructor, made for model.py's arguments, are not needed."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
@@ -507,7 +519,7 @@ class InferenceRequest:
         """A request handed to model.py's ``execute``."""
         request = cls.__new__(cls)
         request.model_name = model_name
-        request._inputs = [Tensor(k, v) for k, v in inputs.items()]
+        request._inputs = [Tensor._of(k, v) for k, v in inputs.items()]
         request._by_name = {t.name(): t for t in request._inputs}
         request._id = request_id
         request._correlation_id = correlation_id
@@ -515,10 +527,12 @@ class InferenceRequest:
         request._flags = flags
         request._timeout = 0
         request._preferred_memory = None
-        request._trace = InferenceTrace()
-        request._parameters = {
-            k: v for k, v in (parameters or {}).items() if isinstance(v, bool | int | str | float)
-        }
+        request._trace = _NO_TRACE
+        request._parameters = (
+            {k: v for k, v in parameters.items() if isinstance(v, bool | int | str | float)}
+            if parameters
+            else {}
+        )
         request._requested = []
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
@@ -572,6 +586,9 @@ class InferenceRequest:
         """A decoupled model's way to answer: any number of ``send`` calls, then one with
         ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (possibly after execute returned)."""
         sender = self._sender
+        if sender is None and self._replies is not None:
+            # a non-decoupled model answering through the sender: made when first asked for
+            sender = self._sender = InferenceResponseSender(_appender(self._replies), decoupled=False)
         if sender is None:
             raise TritonModelException(
                 "get_response_sender() is only for decoupled models "
@@ -580,6 +597,8 @@ class InferenceRequest:
         return sender
 
     _sender: InferenceResponseSender | None = None
+    # a non-decoupled request's responses sent through its sender (the backend reads them)
+    _replies: list[InferenceResponse] | None = None
 
     # ------------------------------------------------------------------ BLS
 
@@ -733,8 +752,7 @@ class InferenceResponseSender:
         self._closed = False
         self._sent = 0
         self._lock = threading.Lock()
-        # set by the server when nobody will read further responses (the client went away)
-        self.cancelled = threading.Event()
+        self._cancelled: threading.Event | None = None  # made when first asked for (see cancelled)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
@@ -764,12 +782,31 @@ class InferenceResponseSender:
             self._closed = final
         self._deliver(response, final)
 
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set by the server when nobody will read further responses (the client went away).
+        Made on first use: most senders (every request of a non-decoupled model has one) are
+        never asked, and an Event per request was a measurable share of a cheap model's call."""
+        with self._lock:
+            if self._cancelled is None:
+                self._cancelled = threading.Event()
+            return self._cancelled
+
     def is_cancelled(self) -> bool:
-        return self.cancelled.is_set()
+        event = self._cancelled
+        return event is not None and event.is_set()
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _appender(box: list[InferenceResponse]) -> Callable[[InferenceResponse | None, bool], None]:
+    def deliver(response: InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            box.append(response)
+
+    return deliver
 
 
 async def _ready(value: Any) -> Any:

@@ -172,7 +172,10 @@ class PythonModelBackend(BackendNode):
             self._link = EngineLink(self.registry, asyncio.get_running_loop(), self.load.model_control)
         # a decoupled model answers through request.get_response_sender(): see stream()
         self.decoupled = self.model.decoupled
-        self._declared = {t.name: t.datatype for t in self.model.outputs}
+        # each declared output's numpy dtype and Triton datatype (BYTES, matched by kind, left out)
+        self._declared = {
+            t.name: (to_numpy(t.datatype), t.datatype) for t in self.model.outputs if t.datatype != "BYTES"
+        }
         self._warned: set[str] = set()
         await super().start()
 
@@ -240,13 +243,15 @@ class PythonModelBackend(BackendNode):
         self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
 
     def _request(self, inputs: TensorMap, ctx: Context | None) -> pb_utils.InferenceRequest:
-        parameters = dict(ctx.parameters) if ctx is not None else {}
-        correlation = parameters.pop("sequence_id", 0) if "sequence_id" in parameters else 0
+        parameters = dict(ctx.parameters) if ctx is not None and ctx.parameters else {}
+        correlation: object = 0
         flags = 0
-        if parameters.pop("sequence_start", False):
-            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-        if parameters.pop("sequence_end", False):
-            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        if parameters:  # the sequence controls become the request's correlation id and flags
+            correlation = parameters.pop("sequence_id", 0)
+            if parameters.pop("sequence_start", False):
+                flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            if parameters.pop("sequence_end", False):
+                flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
         return pb_utils.InferenceRequest._incoming(
             self.model.name,
             inputs,
@@ -315,7 +320,7 @@ class PythonModelBackend(BackendNode):
         # the final flag each), returning None from execute
         sent: list[list[Any]] = [[] for _ in requests]
         for request, box in zip(requests, sent, strict=True):
-            request._sender = pb_utils.InferenceResponseSender(_collect(box), decoupled=False)
+            request._replies = box  # a sender over it is made if model.py asks for one
         try:
             responses = _call_execute(instance, requests)
         except FlowserveError:
@@ -342,15 +347,19 @@ class PythonModelBackend(BackendNode):
             kind = _ERRORS.get(error.code(), InternalError)
             raise kind(error.message())
         out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        declared = self._declared
         for key, array in out.items():
-            declared = self._declared.get(key)
-            if declared is not None and declared != "BYTES" and array.dtype.kind not in "OSU":
-                want = to_numpy(declared)
-                # a widening (FP16 for FP32) is served as declared, with a warning; a narrowing
-                # (FP64 for FP32) is left for the executor to refuse, naming the output
-                if array.dtype != want and np.can_cast(array.dtype, want, "safe"):
-                    self._warn_dtype(key, array.dtype, declared)
-                    out[key] = array.astype(want)
+            found = declared.get(key)
+            # a widening (FP16 for FP32) is served as declared, with a warning; a narrowing
+            # (FP64 for FP32) is left to the executor (served as returned, with a warning)
+            if (
+                found is not None
+                and array.dtype != found[0]
+                and array.dtype.kind not in "OSU"
+                and np.can_cast(array.dtype, found[0], "safe")
+            ):
+                self._warn_dtype(key, array.dtype, found[1])
+                out[key] = array.astype(found[0])
         return out
 
     def _warn_dtype(self, output: str, got: Any, declared: str) -> None:
@@ -381,14 +390,6 @@ class PythonModelBackend(BackendNode):
         finally:
             if instance.loop is not None:
                 instance.loop.close()
-
-
-def _collect(box: list[Any]) -> Callable[[Any, bool], None]:
-    def deliver(response: Any, final: bool) -> None:
-        if response is not None:
-            box.append(response)
-
-    return deliver
 
 
 def _describe(exc: BaseException) -> str:
