@@ -225,12 +225,15 @@ _DLPACK_CPU = (1, 3)  # kDLCPU, kDLCUDAHost
 
 class Tensor:
     def __init__(self, name: str, array: Any, triton_dtype: Any = None) -> None:
-        if hasattr(array, "__dlpack__") and not isinstance(array, np.ndarray):
+        if isinstance(array, np.ndarray):  # the common case: no conversion, no DLPack question
+            arr = array
+        elif hasattr(array, "__dlpack__"):
             raise TritonModelException(
                 f"tensor '{name}': pb_utils.Tensor() takes a numpy array; use "
                 "pb_utils.Tensor.from_dlpack() for a DLPack tensor"
             )
-        arr = np.asarray(array)
+        else:
+            arr = np.asarray(array)
         if arr.dtype.kind == "U":
             raise TritonModelException(
                 f"tensor '{name}': numpy str arrays are not supported by the python backend; "
