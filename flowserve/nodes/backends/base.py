@@ -11,7 +11,7 @@ reshape between the client's ``dims`` and the model's ``reshape``) lives here on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,16 +113,29 @@ class BackendNode(Node):
         return split_rows(self.execute(instance, merged), rows, self.name)
 
     async def run_batch(
-        self, batch: list[TensorMap], on_acquired: Callable[[], None] | None = None
+        self,
+        batch: list[TensorMap],
+        on_acquired: Callable[[], None] | None = None,
+        contexts: Sequence[Context] | None = None,
     ) -> list[TensorMap]:
         """Run several requests on one free instance (a batcher's entry point): ``execute_batch``
-        on the instance's thread, with the inputs' and outputs' reshapes applied per request."""
+        on the instance's thread, with the inputs' and outputs' reshapes applied per request.
+        ``contexts`` are the requests' own (ids, parameters), for backends that hand them on
+        (:meth:`batch_call`)."""
         if self._in_reshape:
             batch = [self._reshape(b, self._in_reshape) for b in batch]
-        results: list[TensorMap] = await self.pool.run(self.execute_batch, batch, on_acquired)
+        execute = self.execute_batch if contexts is None else self.batch_call(contexts)
+        results: list[TensorMap] = await self.pool.run(execute, batch, on_acquired)
         if self._out_reshape:
             results = [self._reshape(r, self._out_reshape) for r in results]
         return results
+
+    def batch_call(
+        self, contexts: Sequence[Context]
+    ) -> Callable[[Any, list[TensorMap]], list[TensorMap]]:
+        """What runs a batch whose requests carry ``contexts``: ``execute_batch`` (which sees no
+        context) unless a backend hands the requests' ids and parameters to its model."""
+        return self.execute_batch
 
     def unload_instance(self, instance: Any) -> None:
         """Release one instance (called on its own thread)."""

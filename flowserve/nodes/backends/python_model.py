@@ -24,7 +24,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,11 @@ from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
 from flowserve.nodes.backends._support import placement
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.nodes.batching.runners import StreamSink
 from flowserve.nodes.loading import ModelControl
 from flowserve.runtime.registry import Registry
+from flowserve.runtime.stats import ModelStats
+from flowserve.spec.schema import ModelSpec
 from flowserve.spec.triton import config_to_json
 
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
@@ -167,11 +170,15 @@ class PythonModelBackend(BackendNode):
     merges_rows = False  # execute(requests): one request per batch entry, shapes of their own
     _link: EngineLink | None = None
 
+    def __init__(self, model: ModelSpec, version: int, stats: ModelStats, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, version, stats, *args, **kwargs)
+        # a decoupled model answers through request.get_response_sender(): see stream(); known
+        # before start, so a batcher in front streams too
+        self.decoupled = model.decoupled
+
     async def start(self) -> None:
         if self.registry is not None:
             self._link = EngineLink(self.registry, asyncio.get_running_loop(), self.load.model_control)
-        # a decoupled model answers through request.get_response_sender(): see stream()
-        self.decoupled = self.model.decoupled
         # each declared output's numpy dtype and Triton datatype (BYTES, matched by kind, left out)
         self._declared = {
             t.name: (to_numpy(t.datatype), t.datatype) for t in self.model.outputs if t.datatype != "BYTES"
@@ -191,56 +198,77 @@ class PythonModelBackend(BackendNode):
         return await self._run_one(inputs, run)
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
-        """A decoupled model's responses for one request, in the order model.py sends them,
-        until it sends the final flag (which may come after ``execute`` returned). A request
-        released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` is handed to ``execute``
-        again once it returns (Triton's iterative sequences)."""
+        """A decoupled model's responses for one request (no batcher), in the order model.py
+        sends them, until it sends the final flag (which may come after ``execute`` returned)."""
         if not self.decoupled:
             yield await self(inputs, ctx)
             return
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[Any, bool] | BaseException] = asyncio.Queue()
-
-        def deliver(response: Any, final: bool) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (response, final))
-
-        request = self._request(inputs, ctx)
-        sender = request._sender = pb_utils.InferenceResponseSender(deliver)
-
-        def run(instance: PythonInstance) -> None:
-            try:
-                while True:
-                    request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
-                    _call_execute(instance, [request])
-                    if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                        break
-                    if sender.closed or sender.is_cancelled():
-                        break
-            except Exception as exc:
-                error = InternalError(f"model.py execute() raised {_describe(exc)}")
-                loop.call_soon_threadsafe(queue.put_nowait, error)
-
+        sink = StreamSink(asyncio.get_running_loop())
         start = self.clock.now_ns()
-        count = 0
-        async with self.pool.lease() as (instance, worker):
-            running = asyncio.ensure_future(worker.call(run, instance))
+
+        async def run() -> None:
             try:
-                while True:
-                    item = await queue.get()
-                    if isinstance(item, BaseException):
-                        raise item
-                    response, final = item
-                    if response is not None:
-                        count += 1
-                        yield self._outputs(response)
-                    if final:
-                        break
-            finally:
-                # the stream ended before the final response (the client went away, an error):
-                # the model sees is_cancelled() and may stop early, as in Triton
-                sender.cancelled.set()
-                await running
+                await self.run_stream_batch([inputs], (ctx,), (sink,))
+            except Exception as exc:
+                sink.fail(exc)
+
+        running = asyncio.ensure_future(run())
+        try:
+            async for outputs in sink.responses():
+                yield outputs
+        finally:
+            # the stream ended before the final response (the client went away, an error):
+            # the model sees is_cancelled() and may stop early, as in Triton
+            if sink.cancel is not None:
+                sink.cancel()
+            await running
         self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
+
+    async def run_stream_batch(
+        self,
+        batch: list[TensorMap],
+        contexts: Sequence[Context],
+        sinks: Sequence[StreamSink],
+        on_acquired: Callable[[], None] | None = None,
+    ) -> None:
+        """One ``execute(requests)`` of a decoupled model on a free instance (a batcher's entry
+        point, and :meth:`stream`'s): each request gets a response sender that feeds its sink;
+        returns when ``execute`` returned, freeing the instance (responses may still come). A
+        request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` is handed to
+        ``execute`` again once it returns (Triton's iterative sequences)."""
+        if self._in_reshape:
+            batch = [self._reshape(b, self._in_reshape) for b in batch]
+        requests = [self._request(inputs, ctx) for inputs, ctx in zip(batch, contexts, strict=True)]
+        for request, sink in zip(requests, sinks, strict=True):
+            sender = request._sender = pb_utils.InferenceResponseSender(self._deliver_to(sink))
+            sink.cancel = sender.cancelled.set
+        await self.pool.run(self._execute_streams, requests, on_acquired)
+
+    def _deliver_to(self, sink: StreamSink) -> Callable[[Any, bool], None]:
+        def deliver(response: Any, final: bool) -> None:
+            try:
+                outputs = None if response is None else self._outputs(response)
+            except Exception as exc:  # an error response ends this request's stream
+                sink.fail(exc)
+                return
+            sink.put(outputs, final)
+
+        return deliver
+
+    def _execute_streams(self, instance: PythonInstance, requests: list[pb_utils.InferenceRequest]) -> None:
+        pending = requests
+        while pending:
+            for request in pending:
+                request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+            try:
+                _call_execute(instance, pending)
+            except FlowserveError:
+                raise
+            except pb_utils.TritonModelException as exc:
+                raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
+            except Exception as exc:
+                raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
+            pending = [r for r in pending if _rescheduled(r)]
 
     def _request(self, inputs: TensorMap, ctx: Context | None) -> pb_utils.InferenceRequest:
         parameters = dict(ctx.parameters) if ctx is not None and ctx.parameters else {}
@@ -309,8 +337,17 @@ class PythonModelBackend(BackendNode):
         """Triton's semantics: one ``execute(requests)`` call with one request per batch entry."""
         return self._execute_requests(instance, batch, None)
 
+    def batch_call(
+        self, contexts: Sequence[Context]
+    ) -> Callable[[PythonInstance, list[TensorMap]], list[TensorMap]]:
+        """A batch whose requests carry ids or parameters (a client's, or a BLS call's): they
+        reach each ``InferenceRequest`` of the batch."""
+        if not any(c.request_id or c.parameters for c in contexts):
+            return self.execute_batch
+        return lambda instance, batch: self._execute_requests(instance, batch, contexts)
+
     def _execute_requests(
-        self, instance: PythonInstance, batch: list[TensorMap], contexts: list[Context] | None
+        self, instance: PythonInstance, batch: list[TensorMap], contexts: Sequence[Context] | None
     ) -> list[TensorMap]:
         requests = [
             self._request(inputs, contexts[i] if contexts is not None else None)
@@ -390,6 +427,16 @@ class PythonModelBackend(BackendNode):
         finally:
             if instance.loop is not None:
                 instance.loop.close()
+
+
+def _rescheduled(request: pb_utils.InferenceRequest) -> bool:
+    """Whether execute() released the request to run again, and someone still reads it."""
+    sender = request._sender
+    return (
+        request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        and sender is not None
+        and not (sender.closed or sender.is_cancelled())
+    )
 
 
 def _describe(exc: BaseException) -> str:

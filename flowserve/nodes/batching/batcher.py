@@ -31,6 +31,13 @@ once every batch formed before it has finished. Every executed batch is counted 
 ``node_stats`` and, for a repository model, in its ``ModelStats`` as Triton does: queue time
 per request, one execution of ``rows`` inferences, compute time per request and per batch size.
 
+**Decoupled nodes** (a decoupled python model with ``dynamic_batching``) batch too, as in
+Triton: their callers use :meth:`Batcher.stream`; the policy forms batches of requests the same
+way (preferred sizes, queue delay, priorities, timeouts), a batch runs as one
+``execute(requests)`` on a free instance (:class:`~.runners.StreamRunner`), and each request's
+responses come back through its own :class:`~.runners.StreamSink` as the model sends them. The
+instance takes the next batch once ``execute`` returns, even while responses are still coming.
+
 Times come from the injected clock. The asyncio waits derive from it, so with a
 :class:`~flowserve.core.clock.FakeClock` a test moves the clock and calls :meth:`Batcher.wake`.
 Waits run on a :class:`~flowserve.runtime.timer.PreciseTimer`: a 500 us queue delay lasts
@@ -42,14 +49,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.nodes.batching.policy import Take, decide, policy_from_spec
 from flowserve.nodes.batching.queues import Entry, PriorityQueue, levels_from_spec
-from flowserve.nodes.batching.runners import BatchExecutor, BatchRunner, InstanceRunner, NodeRunner, Phases
+from flowserve.nodes.batching.runners import (
+    BatchExecutor,
+    BatchRunner,
+    InstanceRunner,
+    NodeRunner,
+    Phases,
+    StreamBatchExecutor,
+    StreamRunner,
+    StreamSink,
+)
 from flowserve.nodes.batching.tensors import request_key, request_rows
 from flowserve.runtime.stats import ModelStats, NodeStats
 from flowserve.runtime.timer import PreciseTimer
@@ -70,6 +87,7 @@ class _Call:
     inputs: TensorMap
     ctx: Context
     future: asyncio.Future[TensorMap]
+    sink: StreamSink | None = field(default=None)  # a streamed request's responses
 
 
 @dataclass(eq=False, slots=True)
@@ -99,11 +117,15 @@ class Batcher(Node):
         stats: ModelStats | None = None,
         max_queued: int | None = None,
     ) -> None:
+        self._streams: StreamRunner | None = None
         if inner.decoupled:
-            raise InvalidArgument(
-                f"node '{inner.name}' is decoupled: its responses cannot be split back by rows, "
-                "so it cannot batch"
-            )
+            if not isinstance(inner, StreamBatchExecutor):
+                raise InvalidArgument(
+                    f"node '{inner.name}' is decoupled: its responses cannot be split back by rows, "
+                    "so it cannot batch"
+                )
+            self._streams = StreamRunner(inner, clock)
+            self.decoupled = True
         self.name = inner.name
         self.inner = inner
         self.spec = spec
@@ -118,7 +140,7 @@ class Batcher(Node):
                 runner = InstanceRunner(inner, clock)
             else:
                 runner = NodeRunner(inner, clock, ragged, capacity)
-        self.runner = runner
+        self.runner: BatchRunner | StreamRunner = self._streams or runner
         self.model_stats = stats
         self.node_stats = NodeStats()
         self._preserve = spec.preserve_ordering
@@ -129,7 +151,7 @@ class Batcher(Node):
         self._timer: PreciseTimer | None = None
         self._direct: _Batch | None = None  # a batch to run in the batching task itself
         # at once (module docstring): only with no queue delay; the average is an EWMA
-        self._at_once = self.policy.max_queue_delay_ns == 0
+        self._at_once = self.policy.max_queue_delay_ns == 0 and self._streams is None
         self._mean_batch = 1.0
         self._at_once_seen = 0
 
@@ -169,6 +191,8 @@ class Batcher(Node):
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         if self._task is None:
             raise Unavailable(f"'{self.name}' is not accepting requests: its batcher is not running")
+        if self._streams is not None:
+            return await _single(self.stream(inputs, ctx), self.name)
         rows = request_rows(inputs, self.name)
         now = self.clock.now_ns()
         if (
@@ -191,6 +215,33 @@ class Batcher(Node):
             self._queue.remove(entry)
             raise
 
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
+        """A decoupled node's responses to one request, batched with others (module docstring)."""
+        if self._streams is None:
+            yield await self(inputs, ctx)
+            return
+        if self._task is None:
+            raise Unavailable(f"'{self.name}' is not accepting requests: its batcher is not running")
+        rows = request_rows(inputs, self.name)
+        loop = asyncio.get_running_loop()
+        sink = StreamSink(loop)
+        future: asyncio.Future[TensorMap] = loop.create_future()
+        future.add_done_callback(lambda f: _to_sink(f, sink))
+        call = _Call(inputs, ctx, future, sink)
+        key = request_key(inputs, self.ragged)
+        entry = self._queue.push(call, rows, key, self.clock.now_ns(), ctx.priority, _timeout_us(ctx))
+        self._wake.set()
+        final = False
+        try:
+            async for outputs in sink.responses():
+                yield outputs
+            final = True
+        finally:
+            if not final:  # the caller went away or the request failed
+                self._queue.remove(entry)
+                if sink.cancel is not None:
+                    sink.cancel()
+
     def _alone(self) -> bool:
         """Whether a request that could run at once should (module docstring, "At once")."""
         if self._mean_batch >= AT_ONCE_BELOW or not self.runner.runs_inline():
@@ -203,7 +254,9 @@ class Batcher(Node):
         self._free -= 1
         phases = Phases()
         try:
-            results = await self.runner.run([inputs], [rows], ctx, phases)
+            runner = self.runner
+            assert not isinstance(runner, StreamRunner)  # streams never run at once
+            results = await runner.run([inputs], [rows], (ctx,), phases)
         finally:
             self._free += 1
             if self._queue:
@@ -290,7 +343,15 @@ class Batcher(Node):
         rows = [e.rows for e in batch.entries]
         phases = Phases()
         try:
-            results = await self.runner.run([c.inputs for c in calls], rows, _batch_context(calls), phases)
+            inputs = [c.inputs for c in calls]
+            contexts = [c.ctx for c in calls]
+            runner = self.runner
+            if isinstance(runner, StreamRunner):
+                sinks = [c.sink for c in calls if c.sink is not None]
+                await runner.run_streams(inputs, contexts, sinks, phases)
+                results: list[TensorMap] = [{} for _ in calls]  # the responses went to the sinks
+            else:
+                results = await runner.run(inputs, rows, contexts, phases)
             self._record(batch.entries, phases)
             batch.outcome = results
         except asyncio.CancelledError:
@@ -335,16 +396,19 @@ def _timeout_us(ctx: Context) -> int | None:
     return None
 
 
-def _batch_context(calls: list[_Call]) -> Context:
-    """The context a merged call runs with: the first request's, with the latest deadline."""
-    head = calls[0].ctx
-    if len(calls) == 1:
-        return head
-    deadlines = [c.ctx.deadline_ns for c in calls]
-    latest = None if None in deadlines else max(d for d in deadlines if d is not None)
-    return Context(
-        request_id=head.request_id, parameters=head.parameters, deadline_ns=latest, priority=head.priority
-    )
+async def _single(responses: AsyncGenerator[TensorMap, None], name: str) -> TensorMap:
+    """The one response of a decoupled node's request, for a caller that wants one."""
+    got = [r async for r in responses]
+    if len(got) != 1:
+        raise InternalError(f"node '{name}' is decoupled and sent {len(got)} responses; stream it instead")
+    return got[0]
+
+
+def _to_sink(future: asyncio.Future[TensorMap], sink: StreamSink) -> None:
+    """A streamed request's failure before or during its batch (timeout, stop, execute raised)."""
+    error = None if future.cancelled() else future.exception()
+    if error is not None:
+        sink.fail(error)
 
 
 def _resolve(batch: _Batch) -> None:

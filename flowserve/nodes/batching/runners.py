@@ -10,12 +10,21 @@
   are split back here. ``capacity`` is how many merged calls may be in flight at once.
 
 Either way the result is one TensorMap per request with exactly that request's rows, or an
-:class:`~flowserve.core.errors.InternalError` naming the node.
+:class:`~flowserve.core.errors.InternalError` naming the node. Each request's own context
+(request id, parameters) reaches an instance runner's node; a merged call runs with the first
+request's, with the latest deadline (:func:`batch_context`).
+
+- :class:`StreamRunner`, for a decoupled node (Triton's decoupled python models with
+  ``dynamic_batching``): the requests go, unmerged, to ``run_stream_batch``, which runs one
+  ``execute(requests)`` on a free instance; each request's responses go to its own
+  :class:`StreamSink` as the model sends them, during or after ``execute`` (the instance is free
+  again once ``execute`` returns, as in Triton).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -41,7 +50,7 @@ class BatchRunner(Protocol):
     def runs_inline(self) -> bool: ...
 
     async def run(
-        self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
+        self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
     ) -> list[TensorMap]: ...
 
 
@@ -55,8 +64,72 @@ class BatchExecutor(Protocol):
     def instance_count(self) -> int: ...
 
     async def run_batch(
-        self, batch: list[TensorMap], on_acquired: Callable[[], None] | None = None
+        self,
+        batch: list[TensorMap],
+        on_acquired: Callable[[], None] | None = None,
+        contexts: Sequence[Context] | None = None,
     ) -> list[TensorMap]: ...
+
+
+class StreamSink:
+    """One streamed request's responses: put from any thread (the model's sender), read by the
+    request's caller with :meth:`responses` until the final flag or an error."""
+
+    __slots__ = ("_loop", "_queue", "cancel")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[tuple[TensorMap | None, bool] | BaseException] = asyncio.Queue()
+        # set by the node that runs the request: tells the model nobody reads further responses
+        self.cancel: Callable[[], None] | None = None
+
+    def put(self, outputs: TensorMap | None, final: bool) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (outputs, final))
+
+    def fail(self, error: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, error)
+
+    async def responses(self) -> AsyncGenerator[TensorMap, None]:
+        queue = self._queue
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            outputs, final = item
+            if outputs is not None:
+                yield outputs
+            if final:
+                return
+
+
+@runtime_checkable
+class StreamBatchExecutor(Protocol):
+    """A decoupled node whose instances execute a list of requests at once (python models)."""
+
+    name: str
+
+    @property
+    def instance_count(self) -> int: ...
+
+    async def run_stream_batch(
+        self,
+        batch: list[TensorMap],
+        contexts: Sequence[Context],
+        sinks: Sequence[StreamSink],
+        on_acquired: Callable[[], None] | None = None,
+    ) -> None: ...
+
+
+def batch_context(contexts: Sequence[Context]) -> Context:
+    """The context a merged call runs with: the first request's, with the latest deadline."""
+    head = contexts[0]
+    if len(contexts) == 1:
+        return head
+    deadlines = [c.deadline_ns for c in contexts]
+    latest = None if None in deadlines else max(d for d in deadlines if d is not None)
+    return Context(
+        request_id=head.request_id, parameters=head.parameters, deadline_ns=latest, priority=head.priority
+    )
 
 
 class InstanceRunner:
@@ -74,16 +147,45 @@ class InstanceRunner:
         return bool(probe()) if probe is not None else False
 
     async def run(
-        self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
+        self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
     ) -> list[TensorMap]:
         clock = self.clock
 
         def acquired() -> None:
             phases.start_ns = phases.infer_start_ns = clock.now_ns()
 
-        results = await self.node.run_batch(list(batch), acquired)
+        results = await self.node.run_batch(list(batch), acquired, contexts)
         phases.infer_end_ns = phases.end_ns = clock.now_ns()
         return check_split(results, rows, self.node.name)
+
+
+class StreamRunner:
+    def __init__(self, node: StreamBatchExecutor, clock: Clock) -> None:
+        self.node = node
+        self.clock = clock
+
+    @property
+    def capacity(self) -> int:
+        return max(1, self.node.instance_count)
+
+    def runs_inline(self) -> bool:
+        return False  # execute() of a decoupled model may block (its examples sleep)
+
+    async def run_streams(
+        self,
+        batch: Sequence[TensorMap],
+        contexts: Sequence[Context],
+        sinks: Sequence[StreamSink],
+        phases: Phases,
+    ) -> None:
+        """One ``execute`` of the batch; returns when it returned (responses may still come)."""
+        clock = self.clock
+
+        def acquired() -> None:
+            phases.start_ns = phases.infer_start_ns = clock.now_ns()
+
+        await self.node.run_stream_batch(list(batch), contexts, sinks, acquired)
+        phases.infer_end_ns = phases.end_ns = clock.now_ns()
 
 
 class NodeRunner:
@@ -103,13 +205,13 @@ class NodeRunner:
         return False  # a node call may suspend at any point
 
     async def run(
-        self, batch: Sequence[TensorMap], rows: Sequence[int], ctx: Context, phases: Phases
+        self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
     ) -> list[TensorMap]:
         clock = self.clock
         phases.start_ns = clock.now_ns()
         merged = merge_rows(batch, self.ragged)
         phases.infer_start_ns = clock.now_ns()
-        outputs = await self.node(merged, ctx)
+        outputs = await self.node(merged, batch_context(contexts))
         phases.infer_end_ns = clock.now_ns()
         parts = split_rows(outputs, rows, self.node.name)
         phases.end_ns = clock.now_ns()
