@@ -230,10 +230,28 @@ class Server:
             await asyncio.to_thread(exporter.close)  # sends what is queued, for a few seconds
 
 
+def hide_command_line() -> None:
+    """What Triton's python backend stub gives a model.py: ``sys.argv`` of an embedded
+    interpreter (``[""]``), never the server's command line (which stays in ``sys.orig_argv``).
+    Done by the server processes only: an application that uses the in-process API keeps its
+    own ``sys.argv``."""
+    sys.argv = [""]
+
+
+def startup_failures(plane: DataPlane, exit_on_error: bool) -> str | None:
+    """The one line to stop with when ``--exit-on-error`` is set and a model failed to load."""
+    failed = failed_models(plane)
+    if not failed or not exit_on_error:
+        return None
+    names = ", ".join(s.name for s in failed)
+    return f"{len(failed)} model(s) failed to load ({names}); exiting (--exit-on-error)"
+
+
 async def serve(options: ServerOptions) -> int:
     """Run the server until SIGINT/SIGTERM; 0 after a clean stop, 1 when it cannot start (the
     reason in one line on stderr: a port in use, a repository that cannot be read, with
     ``exit_on_error`` a model that failed to load)."""
+    hide_command_line()
     if options.workers > 1:  # one server of several processes (flowserve/cluster/)
         from flowserve.cluster.supervisor import Supervisor
 
@@ -251,10 +269,10 @@ async def serve(options: ServerOptions) -> int:
         return _cannot_start(exc.message)
     failed = failed_models(plane)
     print(startup_table(plane, server.addresses), flush=True)
-    if failed and options.exit_on_error:
+    stop_line = startup_failures(plane, options.exit_on_error)
+    if stop_line is not None:
         await server.stop()
-        names = ", ".join(s.name for s in failed)
-        return _cannot_start(f"{len(failed)} model(s) failed to load ({names}); exiting (--exit-on-error)")
+        return _cannot_start(stop_line)
     # Everything loaded so far lives as long as the server: move it out of the collector's
     # sight, so full collections scan only what requests leave behind (they took tens of ms
     # with the frameworks' modules on the heap, showing up as p99 spikes under load).

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from flowserve import cli
 from flowserve.core.version import VERSION
 from flowserve.settings import Settings
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,6 +224,23 @@ def test_exit_on_error_ends_the_server_when_a_model_fails(repository: Path) -> N
     assert table[0].split() == ["MODEL", "KIND", "VERSION", "STATUS"]
     assert any(line.split()[:3] == ["broken", "python", "1"] and "UNAVAILABLE" in line for line in table)
     assert any(line.split() == ["simple", "python", "1", "READY"] for line in table)
+
+
+@pytest.mark.slow
+def test_exit_on_error_and_the_startup_table_with_workers(repository: Path) -> None:
+    http, grpc = free_port(), free_port()
+    done = _run(
+        "--model-repository", str(repository), f"--http-port={http}", f"--grpc-port={grpc}",
+        "--metrics-port=-1", "--workers=2", "--exit-on-error", "--log-level=ERROR",
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr
+    assert "flowserve ready" not in done.stdout
+    # one table for the server (worker 0's), and the reason in the worker's line
+    table = done.stdout.splitlines()
+    assert sum(line.split() == ["MODEL", "KIND", "VERSION", "STATUS"] for line in table) == 1, done.stdout
+    assert any(line.split() == ["simple", "python", "1", "READY"] for line in table)
+    assert "1 model(s) failed to load (broken); exiting (--exit-on-error)" in done.stderr, done.stderr
 
 
 @pytest.fixture

@@ -261,8 +261,9 @@ class WorkerPeers:
 
 async def run_worker(directory: Path, index: int) -> int:
     """A worker's life: connect, load, serve until SIGTERM (or the supervisor is gone), drain."""
-    from flowserve.server import Server, StartupError
+    from flowserve.server import Server, StartupError, hide_command_line, startup_failures, startup_table
 
+    hide_command_line()
     settings: Settings = pickle.loads((directory / "settings.pickle").read_bytes())
     peers = WorkerPeers(index, settings.workers, directory)
     stopping = asyncio.Event()
@@ -276,6 +277,12 @@ async def run_worker(directory: Path, index: int) -> int:
             plane = await server.start()
         except (OSError, StartupError) as exc:  # e.g. a port in use: one line, the supervisor stops
             log.error("worker %d cannot serve: %s", index, exc)
+            return 1
+        if index == 0:  # every worker loads the same models: one table for the server
+            print(startup_table(plane, server.addresses), flush=True)
+        stop_line = startup_failures(plane, settings.exit_on_error)
+        if stop_line is not None:  # before ready: the supervisor stops the whole server
+            log.error("worker %d: %s", index, stop_line)
             return 1
         gc.collect()  # what is loaded lives as long as the worker (see server.serve)
         gc.freeze()

@@ -457,25 +457,19 @@ def _instance_name(model: str, config: dict[str, Any], groups: Any, index: int) 
     return f"{model}_0_{index}"
 
 
-_ARGV_SET = False
 # model.py imports one at a time: sys.path and sys.modules are changed around each
 _IMPORT_LOCK = threading.Lock()
 
 
 def _import_model(name: str, path: Path) -> Any:
     """model.py as Triton's stub loads it: its version directory and model directory on
-    ``sys.path`` (sibling modules import), registered as module ``model`` while it runs, with
-    ``sys.argv`` that of an embedded interpreter (``[""]``), never the server's command line
-    (which stays in ``sys.orig_argv``)."""
+    ``sys.path`` (sibling modules import), registered as module ``model`` while it runs. (The
+    server processes set ``sys.argv`` as the stub's: see ``server.hide_command_line``.)"""
     with _IMPORT_LOCK:
         return _import_locked(name, path)
 
 
 def _import_locked(name: str, path: Path) -> Any:
-    global _ARGV_SET
-    if not _ARGV_SET:
-        sys.argv = [""]
-        _ARGV_SET = True
     version_dir = str(path.parent)
     model_dir = str(path.parent.parent)
     # a sibling module another model imported under the same name must not stand in for ours

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from flowserve.core.errors import (
 from flowserve.core.types import InferRequest
 from flowserve.nodes.backends import pb_utils
 from flowserve.observability.metrics import _custom, exposition
+from tests.conftest import ServerProcess
 
 TESTS = Path(__file__).resolve().parents[2] / "models"
 
@@ -169,7 +171,9 @@ async def test_model_sees_triton_args_path_argv_and_utils(bk, caplog) -> None:
     assert args["model_repository"] == str(version_dir.parent)
     assert args["model_instance_kind"] == "CPU" and args["model_instance_device_id"] == "0"
     assert json.loads(args["model_config"])["name"] == "python_surface"
-    assert report["argv"] == [""]
+    # in-process (the API in an application): the application's own command line stays; the
+    # server processes give models the stub's [""] (test_a_served_model_never_sees_the_command_line)
+    assert report["argv"] == sys.argv and sys.argv != [""]
     assert report["model_module"] is True
     assert report["init_bls"] == "BLS is only supported during the 'execute' function."
     assert report["init_dir"] == report["dir"] == str(version_dir)
@@ -429,3 +433,17 @@ async def test_sibling_modules_of_two_models_do_not_collide(bk, tmp_path: Path) 
         x = {"X": np.zeros(1, np.int32)}
         got = [int((await engine.infer(name, x))["Y"][0]) for name in ("first", "second")]
     assert got == [1, 2]
+
+
+def test_a_served_model_never_sees_the_command_line(server: ServerProcess) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    try:
+        x = httpclient.InferInput("X", [3], "FP32")
+        x.set_data_from_numpy(np.ones(3, np.float32))
+        result = client.infer("python_surface", [x])
+    finally:
+        client.close()
+    report = json.loads(result.as_numpy("REPORT")[0])
+    assert report["argv"] == [""]  # as Triton's stub: not the server's flags
