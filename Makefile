@@ -42,4 +42,5 @@ lint:
 
 test: install-test lint
 	$(BIN)/python benchmarks/perf_analyzer_setup.py || echo "perf_analyzer unavailable: its tests will skip"
+	$(BIN)/python benchmarks/triton_setup.py || echo "Triton 2.51 unavailable: tests/nodes/test_remote_triton.py will skip"
 	$(BIN)/python -m pytest -q

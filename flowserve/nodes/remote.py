@@ -64,7 +64,7 @@ from flowserve.core.errors import (
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.spec.kinds import RemoteSpec, remote_spec
-from flowserve.spec.schema import NodeSpec, TensorSpec
+from flowserve.spec.schema import GraphSpec, NodeSpec, TensorSpec
 
 log = logging.getLogger("flowserve")
 
@@ -177,6 +177,29 @@ def fetch_model(url: str, remote: RemoteSpec) -> RemoteModel:
     )
 
 
+# the remotes (endpoints, model, version) whose last metadata query failed on every endpoint,
+# so that a graph which failed to load for want of one is loaded again by the next repository
+# poll (``waiting_for_remote``); any thread may add or discard (a set's add is atomic)
+_UNANSWERED: set[tuple[tuple[str, ...], str, str]] = set()
+
+
+def _key(remote: RemoteSpec) -> tuple[tuple[str, ...], str, str]:
+    return remote.urls, remote.model, remote.version
+
+
+def has_remote_nodes(spec: GraphSpec) -> bool:
+    """Whether loading ``spec`` queries a remote (so its compile may wait on the network)."""
+    return any(node.kind == "remote" for node in spec.nodes.values())
+
+
+def waiting_for_remote(spec: GraphSpec) -> bool:
+    """Whether ``spec`` has a remote node whose remote did not answer its last metadata query
+    (no endpoint reachable, or none serving the model): loading it again may now succeed."""
+    return any(
+        node.kind == "remote" and _key(remote_spec(node)) in _UNANSWERED for node in spec.nodes.values()
+    )
+
+
 def _declared(spec: NodeSpec) -> dict[str, TensorSpec] | None:
     """The node's ``outputs:`` when every one of them declares its type, else None."""
     if not spec.outputs or any(t is None for t in spec.outputs.values()):
@@ -205,6 +228,7 @@ def remote_signature(spec: NodeSpec) -> Signature:
                     f"output '{name}' is declared {declared.datatype}, but {remote.where()} "
                     f"answers {model.outputs[name].datatype}"
                 )
+        _UNANSWERED.discard(_key(remote))
         return Signature(inputs=dict(model.inputs), outputs=outputs)
     complete = _declared(spec)
     if complete is not None:
@@ -215,10 +239,11 @@ def remote_signature(spec: NodeSpec) -> Signature:
             "; ".join(reasons),
         )
         return Signature(inputs=None, outputs=dict(complete))
+    _UNANSWERED.add(_key(remote))
     raise Unavailable(
-        f"{remote.where()} cannot be reached or has no such model ({'; '.join(reasons)}); load "
-        "the graph again once it answers, or declare the node's outputs with their types to load "
-        "while it is down"
+        f"{remote.where()} cannot be reached or has no such model ({'; '.join(reasons)}); the "
+        "graph loads once it answers (in poll mode at the next poll, else when loaded again), or "
+        "declare the node's outputs with their types to load while it is down"
     )
 
 
@@ -309,6 +334,42 @@ def _transport_failure(exc: BaseException) -> bool:
     return status in ("StatusCode.UNAVAILABLE", "503")
 
 
+# request parameters a remote call sets from the request itself, never copied verbatim:
+# sequence controls (infer()'s sequence arguments), priority and timeout (the request's own and
+# its deadline left), headers; binary_data_output asks for this server's response encoding (a
+# remote call always asks for binary), and the client refuses triton_* keys
+_OWN_PARAMETERS = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output")
+)
+
+
+def forwarded(ctx: Context, timeout_s: float | None) -> dict[str, Any]:
+    """The keyword arguments of a remote ``infer`` call that carry the request on: its custom
+    parameters (str, int, float, bool; no ``triton_*`` key), sequence controls, priority, and the
+    deadline left as the request's ``timeout`` in microseconds (at least 1)."""
+    out: dict[str, Any] = {}
+    params = ctx.parameters
+    custom = {
+        key: value
+        for key, value in params.items()
+        if key not in _OWN_PARAMETERS
+        and not key.startswith("triton_")
+        and isinstance(value, str | int | float)
+    }
+    if custom:
+        out["parameters"] = custom
+    sequence = params.get("sequence_id")
+    if sequence not in (None, 0, "") and isinstance(sequence, str | int):
+        out["sequence_id"] = sequence
+        out["sequence_start"] = bool(params.get("sequence_start", False))
+        out["sequence_end"] = bool(params.get("sequence_end", False))
+    if ctx.priority:
+        out["priority"] = ctx.priority
+    if timeout_s is not None:
+        out["timeout"] = max(1, int(timeout_s * 1e6))
+    return out
+
+
 class RemoteNode(Node):
     """Calls a model on other V2 servers (see the module's docs)."""
 
@@ -389,6 +450,11 @@ class RemoteNode(Node):
             raise Unavailable(f"{self.remote.where()}: the request timed out before it was sent")
         return left / 1e9
 
+    def _left_s(self, ctx: Context) -> float | None:
+        if ctx.deadline_ns is None:
+            return None
+        return max(1e-6, (ctx.deadline_ns - self.clock.now_ns()) / 1e9)
+
     async def _call(self, endpoint: _Endpoint, inputs: TensorMap, ctx: Context) -> TensorMap:
         timeout = self._timeout_s(ctx)
         lib = endpoint.lib
@@ -405,9 +471,6 @@ class RemoteNode(Node):
             lib.InferRequestedOutput(name) if grpc else lib.InferRequestedOutput(name, binary_data=True)
             for name in self.outputs
         ]
-        extra: dict[str, Any] = {"client_timeout": timeout} if grpc else {}
-        if ctx.priority:
-            extra["priority"] = ctx.priority
         start = self.clock.now_ns()
         span = Span(f"remote:{endpoint.url}", self.remote.model, start) if ctx.trace is not None else None
         try:
@@ -415,6 +478,10 @@ class RemoteNode(Node):
                 async with endpoint.gate:
                     endpoint.in_flight += 1
                     try:
+                        left = self._left_s(ctx)  # after the wait for a slot
+                        extra = forwarded(ctx, left)
+                        if grpc:
+                            extra["client_timeout"] = left
                         result = await endpoint.client.infer(
                             self.remote.model,
                             request,
@@ -468,4 +535,13 @@ class _EndpointDown(Exception):
     """A call found its endpoint down: the caller tries the next one."""
 
 
-__all__ = ["RemoteModel", "RemoteNode", "error_class", "fetch_model", "remote_signature"]
+__all__ = [
+    "RemoteModel",
+    "RemoteNode",
+    "error_class",
+    "fetch_model",
+    "forwarded",
+    "has_remote_nodes",
+    "remote_signature",
+    "waiting_for_remote",
+]

@@ -24,10 +24,11 @@ from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, Spe
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.nodes.backends import autocompletions
-from flowserve.nodes.factory import build_nodes, compile_all, dependencies, graph_specs
+from flowserve.nodes.factory import Compiled, build_nodes, compile_all, dependencies, graph_specs
 from flowserve.nodes.forward import ForwardNode
 from flowserve.nodes.loading import LoadSettings, load_waves
 from flowserve.nodes.ratelimit import RateLimiter
+from flowserve.nodes.remote import has_remote_nodes, waiting_for_remote
 from flowserve.nodes.warmup import warm_up_graph
 from flowserve.repository.control import ControlLink
 from flowserve.repository.placement import Placement
@@ -160,7 +161,7 @@ class Repository:
             selected = {n for n in closure if n in wanted or not self.registry.has(n)}
         subset = scan.subset(selected)
         known = {n: p for n, p in self.plans.items() if self.registry.has(n) and n not in selected}
-        compiled = compile_all(subset, known)
+        compiled = await _compile(subset, known)
         self.issues = compiled.issues
         self.models.update(subset.models)
         self.graphs.update(subset.graphs)
@@ -370,7 +371,7 @@ class Repository:
         if missing:
             await self._load_from_scan(missing)
         known = {n: p for n, p in self.plans.items() if n != name and self.registry.has(n)}
-        compiled = compile_all(scan, known)
+        compiled = await _compile(scan, known)
         if name not in compiled.plans:
             reason = "; ".join(str(i) for i in compiled.issues) or compiled.failed.get(name, "invalid")
             raise InvalidArgument(f"failed to load '{name}': {reason}")
@@ -428,11 +429,22 @@ class Repository:
             for name in removed:
                 self.fingerprints.pop(name, None)
                 await self._retire(self.registry.remove(name))
-            if changed:
-                await self._load_from_scan(changed)
-                # an entry that failed keeps its fingerprint, so it is retried only when it changes
+            # an entry that failed keeps its fingerprint, so it is retried only when it changes;
+            # except a graph that failed for want of a remote that did not answer: every poll
+            # tries it again, so it becomes ready when the remote does (nodes/remote.py)
+            waiting = {
+                n
+                for n in current
+                if n not in changed
+                and n in self.graphs
+                and not self.registry.has(n)
+                and waiting_for_remote(self.graphs[n])
+            }
+            if changed or waiting:
+                await self._load_from_scan(changed | waiting)
                 for name in changed:
                     self.fingerprints.setdefault(name, current[name])
+            changed |= {n for n in waiting if self.registry.has(n)}
         if changed or removed:
             log.info("repository poll: loaded %s, unloaded %s", sorted(changed), removed)
         return sorted(changed), removed
@@ -493,6 +505,15 @@ class Repository:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.registry.ready(name, version)
+
+
+async def _compile(scan: Scan, known: dict[str, Plan]) -> Compiled:
+    """``compile_all`` off the event loop when a graph has a remote node: its load-time
+    metadata query waits on the network (up to the node's ``timeout_s`` per endpoint), and
+    the server keeps serving meanwhile."""
+    if any(has_remote_nodes(spec) for spec in scan.graphs.values()):
+        return await asyncio.to_thread(compile_all, scan, known)
+    return compile_all(scan, known)
 
 
 def _runner(plan: Plan, executor: Executor) -> Callable[[TensorMap], Awaitable[object]]:

@@ -9,6 +9,7 @@ blocking the suite.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from flowserve.core.errors import InternalError, InvalidArgument, NotFound, SpecError, Unavailable
-from flowserve.nodes.remote import error_class
+from flowserve.core.node import Context
+from flowserve.nodes.remote import error_class, forwarded
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.kinds import KINDS, remote_spec
 from tests.conftest import BUNDLED_REPOSITORY, TEST_MODELS, ServerProcess, _Factory, free_port
@@ -99,6 +101,36 @@ def test_remote_status_maps_to_the_engine_errors() -> None:
     assert error_class("500") is InternalError
     assert error_class("StatusCode.INTERNAL") is InternalError
     assert error_class(None) is InternalError
+
+
+def test_request_parameters_are_forwarded_except_those_the_call_sets() -> None:
+    ctx = Context(
+        request_id="r",
+        parameters={
+            "colour": "red",
+            "n": 3,
+            "ratio": 0.5,
+            "flag": True,
+            "binary_data_output": True,
+            "priority": 9,
+            "timeout": 1000,
+            "sequence_id": "s1",
+            "sequence_start": True,
+            "triton_x": "reserved",
+            "headers": "no",
+        },
+        priority=2,
+    )
+    assert forwarded(ctx, 0.25) == {
+        "parameters": {"colour": "red", "n": 3, "ratio": 0.5, "flag": True},
+        "sequence_id": "s1",
+        "sequence_start": True,
+        "sequence_end": False,
+        "priority": 2,
+        "timeout": 250_000,
+    }
+    assert forwarded(Context(), None) == {}
+    assert forwarded(Context(parameters={"sequence_id": 0}), 1e-9) == {"timeout": 1}
 
 
 # ----------------------------------------------------------------------------- two servers
@@ -391,3 +423,89 @@ def test_failover_to_the_other_endpoint(server_factory: type[_Factory], tmp_path
         started = time.monotonic()
         assert _slow(front, 0.0)[0] == 0.0
         assert time.monotonic() - started < 2
+
+
+def test_poll_mode_loads_the_graph_when_its_remote_answers(
+    server_factory: type[_Factory], tmp_path: Path
+) -> None:
+    """A graph whose remote is down at load fails to load, and the next repository poll after
+    the remote comes up loads it (the graph's file never changed)."""
+    port = free_port()
+    _graph(tmp_path, f'{{url: "grpc://127.0.0.1:{port}", model: simple}}', name="later")
+    empty = tmp_path / "empty_repository"
+    empty.mkdir()
+    front = server_factory.start(
+        "--model-control-mode=poll", "--repository-poll-secs=1", repositories=(empty,), graphs=(tmp_path,)
+    )
+    client = httpclient.InferenceServerClient(front.http_url)
+    try:
+        assert not client.is_model_ready("later")
+        server_factory.start(
+            "--model-control-mode=explicit",
+            "--load-model=simple",
+            f"--grpc-port={port}",
+            repositories=(BUNDLED_REPOSITORY,),
+            graphs=(),
+        )
+        deadline = time.monotonic() + 60
+        while not client.is_model_ready("later"):
+            assert time.monotonic() < deadline, "the graph never loaded after its remote came up"
+            time.sleep(0.2)
+        _add_sub(front, "later")
+    finally:
+        client.close()
+
+
+def test_loading_a_graph_whose_remote_never_answers_does_not_stall_the_server(
+    server_factory: type[_Factory], tmp_path: Path
+) -> None:
+    """The remote's address accepts connections and never answers: the load waits out the node's
+    ``timeout_s`` (off the event loop) while the server goes on answering requests."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # never accepted: the kernel completes connections, nobody answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        _graph(tmp_path, f'{{url: "grpc://{address}", model: simple, timeout_s: 10}}', name="stuck")
+        front = server_factory.start(
+            "--model-control-mode=explicit",
+            "--load-model=simple",
+            repositories=(BUNDLED_REPOSITORY,),
+            graphs=(tmp_path,),
+        )
+        failures: list[BaseException] = []
+
+        def load() -> None:
+            client = httpclient.InferenceServerClient(front.http_url, network_timeout=120)
+            try:
+                client.load_model("stuck")
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                client.close()
+
+        loading = threading.Thread(target=load)
+        loading.start()
+        try:
+            time.sleep(1.0)  # the load is under way, waiting on the silent remote
+            a = np.arange(16, dtype=np.int32).reshape(1, 16)
+            inputs = []
+            for name in ("INPUT0", "INPUT1"):
+                tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+                tensor.set_data_from_numpy(a)
+                inputs.append(tensor)
+            client = grpcclient.InferenceServerClient(front.grpc_url)
+            try:
+                result = client.infer("simple", inputs, client_timeout=5)
+                assert client.is_server_live(client_timeout=5)
+            finally:
+                client.close()
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+            assert loading.is_alive(), "the load ended before the request: nothing was shown"
+        finally:
+            loading.join(60)
+        assert not loading.is_alive()
+        (failure,) = failures
+        assert "node 'net'" in str(failure) and address in str(failure)
+    finally:
+        silent.close()
