@@ -10,10 +10,13 @@ serve)::
 
 **Load.** The node's signature is the remote model's metadata (its inputs and outputs, full
 shapes), read when the graph compiles from the first endpoint that answers within
-``timeout_s``, so declared types are checked against the remote like any step's. A remote that
-is down, or a model it does not serve, fails the graph's load with a reason naming the node,
-the model and every endpoint; an explicit load (``POST /v2/repository/models/NAME/load``) or a
-changed graph file in poll mode loads it once the remote answers. A node that declares every
+``timeout_s``, so declared types are checked against the remote like any step's. The query
+blocks, so the repository compiles a graph with a remote node in a thread, off the event loop.
+A remote that is down, or a model it does not serve, fails the graph's load with a reason naming
+the node, the model and every endpoint, and marks the remote as not answering
+(:func:`waiting_for_remote`): in poll mode the repository loads such a graph again at every poll,
+so it becomes ready when the remote does; an explicit load (``POST
+/v2/repository/models/NAME/load``) loads it once the remote answers. A node that declares every
 output's type (``outputs: {y: {datatype: FP32, dims: [-1, 4]}}``) loads while the remote is
 down, its signature taken from the declaration (inputs unchecked); its calls fail fast with
 UNAVAILABLE until an endpoint answers ready.
@@ -25,12 +28,17 @@ with the fewest calls in flight; an endpoint whose call fails at the transport (
 UNAVAILABLE) is marked down and the call fails over to the next ready one; a down endpoint is
 skipped until the node's health probe (``is_model_ready`` every second) finds it ready again.
 With no endpoint ready a call fails at once (UNAVAILABLE, naming the node, model and
-endpoints), it never waits for one. The request's deadline becomes the call's timeout, its
-cancellation cancels the call, its id and priority travel with it. Errors the remote answers keep
-their code (INVALID_ARG stays INVALID_ARG...) and name the model and endpoint; the executor adds
-the graph and node. A trace gets one span per remote call (graph ``remote:URL``, node: the
-model), inside the node's own span: the call's time as this side sees it (V2 responses carry
-no server timings).
+endpoints), it never waits for one. What the request carries goes on (:func:`forwarded`): its
+id, priority, sequence controls and custom parameters, and its deadline, both as the call's
+timeout and as the remote request's ``timeout`` parameter (microseconds left);
+``binary_data_output`` (this server's response encoding), ``headers`` and ``triton_*`` keys do
+not. Its cancellation cancels the call (over gRPC the remote sees it; over HTTP the connection
+is closed). Errors the remote answers keep their code (INVALID_ARG stays INVALID_ARG...) and
+name the model and endpoint; the executor adds the graph and node. A trace gets one span per
+remote call (graph ``remote:URL``, node: the model), inside the node's own span: the call's
+time as this side sees it (V2 responses carry no server timings).
+
+Not done: system shared memory when both ends share a host; decoupled (streaming) remote models.
 """
 
 from __future__ import annotations

@@ -313,9 +313,13 @@ def _slow(front: ServerProcess, seconds: float, timeout_us: int = 0) -> np.ndarr
     return np.asarray(result.as_numpy("y"))
 
 
-def test_deadline_becomes_the_remote_call_timeout(server_factory: type[_Factory], tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_deadline_becomes_the_remote_call_timeout(
+    server_factory: type[_Factory], tmp_path: Path, scheme: str
+) -> None:
     remote = _start_remote(server_factory)
-    _slow_graph(tmp_path, [f"grpc://127.0.0.1:{remote.grpc_port}"])
+    port = remote.grpc_port if scheme == "grpc" else remote.http_port
+    _slow_graph(tmp_path, [f"{scheme}://127.0.0.1:{port}"])
     front = _start_front(server_factory, tmp_path)
     assert _slow(front, 0.0)[0] == 0.0
     started = time.monotonic()
@@ -509,3 +513,4 @@ def test_loading_a_graph_whose_remote_never_answers_does_not_stall_the_server(
         assert "node 'net'" in str(failure) and address in str(failure)
     finally:
         silent.close()
+
