@@ -17,6 +17,20 @@ event loop; an ``async`` one runs on the loop. ``instances.count`` copies run co
 A cheap sync ``execute`` may run on the event loop (see nodes/instances.py); a class whose
 ``execute`` may block sets ``inline = False`` to stay on its thread.
 
+``inputs`` are numpy arrays by default (a tensor a torch or ONNX Runtime node left on the
+device is copied to the host for it, counted as the node's bytes copied). A class attribute
+``tensors = "dlpack"`` (or ``parameters: {tensors: dlpack}`` on the YAML node) hands them over
+as they come instead: a torch tensor stays a torch tensor (on the CPU or a GPU, already ordered
+after its producer's stream for work on the calling thread's current stream), numpy stays
+numpy; ``execute`` may then return any DLPack-capable arrays (torch, cupy, numpy), which go on
+to the next node as they are (see flowserve/core/device.py)::
+
+    class Normalize:
+        tensors = "dlpack"
+        def execute(self, inputs):
+            x = torch.as_tensor(inputs["x"])         # torch from a torch node: no copy
+            return {"y": (x - x.mean()) / x.std()}
+
 An ``execute`` that is a generator (``yield`` instead of ``return``, sync or async) makes the
 node *decoupled*: each yielded dict is one response, and the nodes behind it run once per
 response (reach it through a streaming API).
@@ -32,7 +46,10 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from flowserve.core.datatypes import DATATYPES
+from flowserve.core.device import CPU, DeviceTensor, edges, on_current_stream, produced, wrap
 from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
@@ -121,6 +138,12 @@ class PythonNode(Node):
             raise InvalidArgument(
                 f"node '{spec.name}': an isolated node needs a plain (not async, not generator) execute"
             )
+        # "numpy" (the default) or "dlpack": tensors handed over as they come
+        self.device_tensors = tensors_option(self.cls, spec)
+        if self.device_tensors and self.isolated:
+            raise InvalidArgument(
+                f"node '{spec.name}': tensors: dlpack cannot reach an isolated node (another process)"
+            )
         self.pool: InstancePool[Any] = InstancePool(
             f"{graph}.{spec.name}",
             inline=inline and not self.isolated,
@@ -149,6 +172,8 @@ class PythonNode(Node):
         return obj
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        if self.device_tensors:
+            return await self._call_dlpack(inputs, ctx)
         if self._async:
             if self._with_ctx:
                 return await self.pool.run_async(lambda o, a: o.execute(a, ctx), inputs)
@@ -157,7 +182,26 @@ class PythonNode(Node):
             return await self.pool.run(lambda o, a: o.execute(a, ctx), inputs)
         return await self.pool.run(_execute, inputs)
 
+    async def _call_dlpack(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        """``execute`` on the framework objects of its inputs; its outputs described for the
+        engine (dtype, shape, device; an event recorded after them on a GPU)."""
+        given = framework_inputs(inputs)
+        if self._async:
+            if self._with_ctx:
+                out = await self.pool.run_async(lambda o, a: o.execute(a, ctx), given)
+            else:
+                out = await self.pool.run_async(lambda o, a: o.execute(a), given)
+        elif self._with_ctx:
+            out = await self.pool.run(lambda o, a: _described(o.execute(a, ctx)), given)
+            return out  # type: ignore[no-any-return]
+        else:
+            out = await self.pool.run(lambda o, a: _described(o.execute(a)), given)
+            return out  # type: ignore[no-any-return]
+        return _described(out)
+
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
+        if self.device_tensors:
+            inputs = framework_inputs(inputs)
         if not self.decoupled:
             yield await self(inputs, ctx)
             return
@@ -167,13 +211,61 @@ class PythonNode(Node):
                 # closed here when the stream is abandoned, not later by the collector
                 async with contextlib.aclosing(obj.execute(*args)) as items:
                     async for item in items:
-                        yield item
+                        yield _described(item) if self.device_tensors else item
                 return
             async for item in _drain_on_thread(worker, lambda: obj.execute(*args)):
-                yield item
+                yield _described(item) if self.device_tensors else item
 
     async def stop(self) -> None:
         await self.pool.close(_finalize)
+
+
+TENSOR_OPTIONS = ("numpy", "dlpack")
+
+
+def tensors_option(cls: Any, spec: NodeSpec) -> bool:
+    """Whether a Python node takes its tensors as they come: ``tensors = "dlpack"`` on the
+    class or ``parameters: {tensors: dlpack}`` on the node (the node's wins); numpy otherwise."""
+    raw = spec.parameters.get("tensors", getattr(cls, "tensors", "numpy"))
+    if raw not in TENSOR_OPTIONS:
+        raise InvalidArgument(
+            f"node '{spec.name}': tensors must be one of {', '.join(TENSOR_OPTIONS)}, got {raw!r}"
+        )
+    return bool(raw == "dlpack")
+
+
+def framework_inputs(inputs: TensorMap) -> TensorMap:
+    """The framework objects behind a node's inputs (a torch tensor as a torch tensor), each
+    ordered for work on the calling thread's current stream; numpy as it is."""
+    out: dict[str, Any] = {}
+    for name, value in edges(inputs).items():
+        out[name] = on_current_stream(value) if isinstance(value, DeviceTensor) else value
+    return out
+
+
+def _described(outputs: Any) -> TensorMap:
+    """What a dlpack node returned, as the engine hands it on: numpy as is, any other DLPack
+    array wrapped with its dtype, shape and device (on a GPU, with an event recorded after it
+    on the current stream, so the next node's stream waits for it, not the device)."""
+    if not isinstance(outputs, dict):
+        return outputs  # type: ignore[no-any-return]  # the executor names the mistake
+    out: dict[str, Any] = {}
+    for name, value in outputs.items():
+        if isinstance(value, np.ndarray | DeviceTensor) or not hasattr(value, "__dlpack_device__"):
+            out[name] = value
+            continue
+        tensor = wrap(value)
+        if tensor.device != CPU:
+            from flowserve.nodes.backends.cuda import cuda_ops, cuda_to_numpy
+
+            ops = cuda_ops()
+            if ops is not None:
+                stream = ops.current(tensor.device)
+                tensor = produced(
+                    value, stream, ops, tensor.dtype, tensor.shape, tensor.device, cuda_to_numpy
+                )
+        out[name] = tensor
+    return out
 
 
 _DONE = object()

@@ -29,9 +29,13 @@ class StepNode(Node):
         # a step on a decoupled model streams its responses on to the nodes behind it
         self.decoupled = registry.has(target) and registry.get(target, version).decoupled
 
+    # tensors pass through a step as they are (a torch tensor, an OrtValue, on a GPU or not):
+    # the target's own nodes take them or have them converted (flowserve/core/device.py)
+    device_tensors = True
+
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         servable = self.registry.get(self.target, self.version)
-        return await servable.infer(inputs, ctx)
+        return await servable.infer(inputs, ctx, host=False)
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         servable = self.registry.get(self.target, self.version)

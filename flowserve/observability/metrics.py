@@ -26,7 +26,7 @@ from flowserve.graph.plan import PlanNode
 from flowserve.nodes.backends.pb_utils import custom_metrics
 from flowserve.nodes.split import SplitNode
 from flowserve.observability.httpserver import ASGIApp, AsgiListener, Receive, Scope, Send
-from flowserve.observability.snapshot import node_exec
+from flowserve.observability.snapshot import bytes_copied, node_exec
 from flowserve.runtime.servable import Servable
 from flowserve.runtime.stats import FAILURE_REASONS, Duration, NodeStats
 from flowserve.spec.schema import SplitTarget
@@ -104,6 +104,11 @@ def _node_families() -> dict[str, _Family]:
         ("flowserve_node_compute_duration_us", "counter", "Cumulative compute time of the node in us"),
         ("flowserve_node_inference_count", "counter", "Rows (batch elements) the node computed"),
         ("flowserve_node_exec_count", "counter", "Executions (batches) the node ran"),
+        (
+            "flowserve_node_bytes_copied",
+            "counter",
+            "Bytes the node copied to hand tensors on (device <-> host, batch merges)",
+        ),
     ]
     families = {name: _Family(name, doc, typ, NODE_LABELS) for name, typ, doc in spec}
     families["flowserve_node_batch_size"] = _Family(
@@ -286,6 +291,7 @@ class EngineCollector:
         f["flowserve_node_compute_duration_us"].add(key, compute // 1000)
         f["flowserve_node_inference_count"].add(key, ex.inference_count)
         f["flowserve_node_exec_count"].add(key, ex.execution_count)
+        f["flowserve_node_bytes_copied"].add(key, bytes_copied(servable, node, stats))
         hist = f["flowserve_node_batch_size"]
         executions = {size: b.compute_infer.count for size, b in ex.batches.items()}
         for bound in BATCH_BUCKETS:

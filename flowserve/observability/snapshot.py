@@ -22,6 +22,13 @@ def avg_us(d: Duration) -> float:
     return d.ns / d.count / 1000 if d.count else 0.0
 
 
+def bytes_copied(servable: Servable, node: PlanNode, stats: NodeStats) -> int:
+    """Bytes a node copied to hand tensors on (device <-> host, batch merges): what the
+    executor converted for it plus, for a repository model's node, what its backend copied."""
+    ex = node_exec(servable, node, stats)
+    return stats.bytes_copied + (ex.bytes_copied if ex is not stats else 0)
+
+
 def batch_counts(stats: ModelStats | NodeStats) -> dict[str, int]:
     """Executions by batch size, ``{"4": 12}``."""
     return {str(size): b.compute_infer.count for size, b in sorted(stats.batches.items())}
@@ -85,6 +92,7 @@ def node_summary(
         "inference_count": ex.inference_count,
         "execution_count": ex.execution_count,
         "batches": batch_counts(ex),
+        "bytes_copied": bytes_copied(servable, node, stats),
         "last_error": stats.last_error,
         "target": target,
     }
@@ -151,6 +159,7 @@ __all__ = [
     "avg_compute_us",
     "avg_us",
     "batch_counts",
+    "bytes_copied",
     "compute_ns",
     "merge_summaries",
     "merge_summary",

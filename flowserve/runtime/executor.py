@@ -9,6 +9,14 @@ Decoupled nodes (zero or more responses per request) run last: once nothing else
 the first ready decoupled node is streamed, and each of its responses continues a copy of the
 token's state through the rest of the graph, so every response yields one graph response.
 Several decoupled nodes in one token therefore multiply their responses.
+
+Tensors stay where they are (see :mod:`flowserve.core.device`): a node that takes DLPack
+tensors as they come (``device_tensors = True``) gets what its producers made (a torch tensor,
+an OrtValue, on the CPU or a GPU); any other node gets numpy, converted here just before it runs
+(a view for host memory, a copy for device memory, its bytes counted as that node's
+``bytes_copied``). A request's outputs are numpy for the front ends (``run(host=True)``, the
+copies counted on the producing nodes) or left as they are for a graph step (``host=False``).
+For numpy tensors all this costs one type check per tensor.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import numpy as np
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.datatypes import to_numpy
+from flowserve.core.device import DeviceTensor, host_map, ordered_device, to_host
 from flowserve.core.errors import InternalError, NodeError, Unavailable, Unsupported
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.graph.plan import Plan, PlanNode
@@ -122,15 +131,24 @@ class Executor:
         self._decoupled = [node.decoupled for node in nodes]
         self._any_decoupled = any(self._decoupled)
         self._single = _single_node(plan, nodes)
+        # which nodes take DLPack tensors as they come; every other node gets numpy (any node
+        # may return a DLPack tensor: a batcher hands on what its torch model made)
+        self._device = [ordered_device(n) for n in nodes]
+        self._host_in = [not d for d in self._device]
+        self._copying = False  # see copy_edges
+        # graph output key -> the node that produced it (a host copy of it counts there)
+        self._producer = {f"{n.name}.{o}": n.index for n in plan.nodes for o in n.outputs}
 
     @property
     def decoupled(self) -> bool:
         return any(self._decoupled)
 
-    async def run(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+    async def run(self, inputs: TensorMap, ctx: Context, host: bool = True) -> TensorMap:
+        """The graph's outputs for one request: numpy (``host``, for a front end) or the
+        tensors as the nodes made them (for a graph step that passes them on)."""
         single = self._single
         if single is not None and single.keys.issubset(inputs):
-            return await self._run_single(single, inputs, ctx)
+            return await self._run_single(single, inputs, ctx, host)
         flow = Flow(self.plan)
         env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
         deferred = await self._drive(flow, env, ctx, flow.start(env))
@@ -140,13 +158,48 @@ class Executor:
                 f"graph '{self.plan.name}' has decoupled node(s) {names}: use the streaming API "
                 "(gRPC ModelStreamInfer or HTTP generate_stream)"
             )
-        return self._finish(flow, env, ctx)
+        return self._finish(flow, env, ctx, host)
 
-    async def _run_single(self, single: _SingleNode, inputs: TensorMap, ctx: Context) -> TensorMap:
+    async def _run_single(
+        self, single: _SingleNode, inputs: TensorMap, ctx: Context, host: bool
+    ) -> TensorMap:
         """The one node of a one-node plan whose inputs are all given: no dataflow to decide
         (a model or a one-step graph; most requests), so no per-request Flow or tensor keys."""
-        outputs = await self._call_node(0, {name: inputs[given] for name, given in single.inputs}, ctx)
-        return {name: outputs[produced] for name, produced in single.outputs if produced in outputs}
+        given = {name: inputs[key] for name, key in single.inputs}
+        if self._host_in[0]:
+            given = self._host_inputs(0, given)
+        outputs = await self._call_node(0, given, ctx)
+        result = {name: outputs[produced] for name, produced in single.outputs if produced in outputs}
+        if host:
+            for value in result.values():
+                if type(value) is not np.ndarray:
+                    result, copied = host_map(result)
+                    self.stats[0].bytes_copied += copied
+                    break
+        return result
+
+    def copy_edges(self, on: bool) -> None:
+        """For measurements (benchmarks/zero_copy_cpu.py): hand every node an owned host copy
+        of each input, as every edge was before tensors stayed where they are (on a GPU, the
+        device -> host -> device round trip of each edge); counted as bytes copied."""
+        self._copying = on
+        self._host_in = [True] * len(self.nodes) if on else [not d for d in self._device]
+
+    def _host_inputs(self, index: int, inputs: TensorMap) -> TensorMap:
+        """Numpy inputs for a node that takes numpy: DLPack tensors converted (views for host
+        memory, copies for device memory, counted as the node's bytes copied)."""
+        if self._copying:
+            owned = {name: np.array(to_host(value)[0], copy=True) for name, value in inputs.items()}
+            self.stats[index].bytes_copied += sum(int(a.nbytes) for a in owned.values())
+            return owned
+        for value in inputs.values():
+            if type(value) is not np.ndarray:
+                break
+        else:
+            return inputs
+        converted, copied = host_map(inputs)
+        self.stats[index].bytes_copied += copied
+        return converted
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
         """Every response of the graph for one request (one, unless a node is decoupled)."""
@@ -160,12 +213,14 @@ class Executor:
     ) -> AsyncIterator[TensorMap]:
         deferred = await self._drive(flow, env, ctx, ready)
         if not deferred or flow.done:
-            yield self._finish(flow, env, ctx)
+            yield self._finish(flow, env, ctx, True)
             return
         index, rest = deferred[0], deferred[1:]
         plan_node = self.plan.nodes[index]
         stats = self.stats[index]
         inputs = {name: env[key] for name, key in flow.chosen[index].items() if key}
+        if self._host_in[index]:
+            inputs = self._host_inputs(index, inputs)
         stats.calls += 1
         start = self.clock.now_ns()
         try:
@@ -245,7 +300,7 @@ class Executor:
                 await asyncio.gather(*pending, return_exceptions=True)
         return deferred
 
-    def _finish(self, flow: Flow, env: dict[str, np.ndarray], ctx: Context) -> TensorMap:
+    def _finish(self, flow: Flow, env: dict[str, np.ndarray], ctx: Context, host: bool) -> TensorMap:
         plan = self.plan
         for name in flow.skipped:
             self.stats[plan.node(name).index].skipped += 1
@@ -256,12 +311,20 @@ class Executor:
         for out in plan.outputs:
             key = flow.output_key(out.keys)
             if key:
-                result[out.name] = env[key]
+                value = env[key]
+                if host and type(value) is not np.ndarray:
+                    value, copied = to_host(value)
+                    producer = self._producer.get(key)
+                    if producer is not None:
+                        self.stats[producer].bytes_copied += copied
+                result[out.name] = value
         return result
 
     async def _run_node(self, index: int, flow: Flow, env: dict[str, np.ndarray], ctx: Context) -> TensorMap:
         """Run a node on the tensors its bindings chose; its outputs join the token's ``env``."""
         inputs = {name: env[key] for name, key in flow.chosen[index].items() if key}
+        if self._host_in[index]:
+            inputs = self._host_inputs(index, inputs)
         outputs = await self._call_node(index, inputs, ctx)
         for check in self._checks[index]:
             if check.name in outputs:
@@ -368,7 +431,7 @@ class Executor:
                 raise InternalError(
                     f"did not produce output '{check.name}' (produced: {', '.join(outputs) or 'none'})"
                 )
-            if not isinstance(array, np.ndarray):
+            if not isinstance(array, np.ndarray | DeviceTensor):
                 raise InternalError(
                     f"output '{check.name}' is a {type(array).__name__}, expected a numpy array"
                 )

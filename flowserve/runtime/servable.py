@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.device import host_map
 from flowserve.core.node import Context, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.runtime.cache import ResponseCache, cache_key
@@ -49,8 +50,10 @@ class Servable:
     def platform(self) -> str:
         return str(self.config.platform or self.config.backend)
 
-    async def infer(self, inputs: TensorMap, ctx: Context) -> TensorMap:
-        """Validate the request, run it, and count it."""
+    async def infer(self, inputs: TensorMap, ctx: Context, host: bool = True) -> TensorMap:
+        """Validate the request, run it, and count it. The outputs are numpy (``host``, for a
+        front end) or the tensors as the graph made them (torch, OrtValue, on a GPU or not:
+        for a graph step that hands them on; see flowserve/core/device.py)."""
         clock = self.clock
         start = clock.now_ns()
         stats = self.stats
@@ -59,6 +62,8 @@ class Servable:
         key = b""
         looked = start
         if cache is not None:
+            host = True  # a cached answer is numpy; so is what its key is made of
+            inputs = host_map(inputs)[0]
             key = cache_key(self.name, self.version, inputs)
             hit = cache.get(key)
             looked = clock.now_ns()
@@ -68,7 +73,7 @@ class Servable:
                 return hit
         stats.pending += 1
         try:
-            outputs = await self.executor.run(inputs, ctx)
+            outputs = await self.executor.run(inputs, ctx, host)
         except BaseException as exc:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise

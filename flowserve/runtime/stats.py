@@ -60,6 +60,9 @@ class ExecStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStat] = field(default_factory=dict)
+    # bytes copied between host and device memory, or to merge a batch: where a tensor could
+    # not be handed on as it was (see flowserve/core/device.py)
+    bytes_copied: int = 0
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, requests: int = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowserve.core.datatypes import from_numpy, to_numpy
+from flowserve.core.device import DeviceTensor
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.node import TensorMap
 from flowserve.graph.plan import Plan
@@ -33,7 +34,9 @@ def validate_inputs(plan: Plan, inputs: TensorMap) -> int:
     batch = -1
     for key, array in inputs.items():
         spec = expected[key]
-        have = from_numpy(array.dtype) if isinstance(array, np.ndarray) else type(array).__name__
+        have = (
+            from_numpy(array.dtype) if isinstance(array, np.ndarray | DeviceTensor) else type(array).__name__
+        )
         if have != spec.datatype:
             raise InvalidArgument(
                 f"inference input '{key}' data-type is '{have}', but model '{name}' expects '{spec.datatype}'"

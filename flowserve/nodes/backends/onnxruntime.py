@@ -7,8 +7,16 @@ be present *and* onnxruntime-gpu's providers to be available: onnxruntime-gpu on
 without CUDA logs loud errors when asked, so it is never asked there. After the session is
 made, ``get_providers()`` is what counts (a provider that failed to load falls back to CPU).
 
-On a GPU, inputs and outputs go through I/O binding (outputs allocated on the device, copied
-back once). Session options come from config ``parameters`` with Triton's ORT backend names:
+Tensors stay where they are (flowserve/core/device.py). On the CPU, numpy inputs go to
+``session.run`` (ONNX Runtime reads contiguous numpy in place) and DLPack inputs (a torch
+tensor from the node before) are bound as ``OrtValue.from_dlpack`` views through I/O binding;
+outputs are numpy views of ONNX Runtime's buffers. On a GPU (CUDA EP) each instance owns a CUDA
+stream handed to ONNX Runtime as ``user_compute_stream``: device inputs are bound where they
+are after the instance's stream waited on their producer's event, host inputs are copied in
+(counted as bytes copied), outputs stay on the device as OrtValues with an event recorded on
+the stream, and the run does not synchronise the device (``disable_synchronize_execution_providers``).
+Without a CUDA torch to make streams and events, a GPU instance copies its outputs back as
+before. Session options come from config ``parameters`` with Triton's ORT backend names:
 ``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode`` (0 sequential,
 1 parallel), ``enable_mem_arena``, ``enable_mem_pattern``, any ``session.*`` config entry, and
 ``optimization { graph { level } }`` (-1 basic, 1 extended, else all).
@@ -22,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from flowserve.core.device import Device, DeviceTensor, EdgeMap, edges, take, tensor_map
 from flowserve.core.errors import InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, Placement, model_file, placement, require
@@ -39,6 +48,11 @@ class OrtInstance:
     outputs: list[str]
     string_inputs: frozenset[str]
     io_binding: bool
+    # on a GPU with a CUDA torch: the device driver, the instance's stream, and run options
+    # that leave the outputs on the device without synchronising it
+    ops: Any = None
+    stream: Any = None
+    run_options: Any = None
 
 
 def session_options(ort: Any, model: Any, params: Parameters) -> Any:
@@ -69,8 +83,9 @@ def session_options(ort: Any, model: Any, params: Parameters) -> Any:
     return opts
 
 
-def providers_for(ort: Any, model: Any, place: Placement) -> list[Any]:
-    """Execution providers to ask for, most preferred first (CPU always last)."""
+def providers_for(ort: Any, model: Any, place: Placement, stream: int = 0) -> list[Any]:
+    """Execution providers to ask for, most preferred first (CPU always last). ``stream``: a
+    ``cudaStream_t`` (as an int) the CUDA provider runs on (``user_compute_stream``)."""
     cpu: list[Any] = ["CPUExecutionProvider"]
     if not place.gpu:
         return cpu
@@ -85,8 +100,18 @@ def providers_for(ort: Any, model: Any, place: Placement) -> list[Any]:
     chosen: list[Any] = []
     if "TensorrtExecutionProvider" in available and _wants_tensorrt(model):
         chosen.append(("TensorrtExecutionProvider", {"device_id": place.device}))
-    chosen.append(("CUDAExecutionProvider", {"device_id": place.device}))
+    chosen.append(("CUDAExecutionProvider", cuda_options(place.device, stream)))
     return chosen + cpu
+
+
+def cuda_options(device: int, stream: int = 0) -> dict[str, Any]:
+    """The CUDA execution provider's options: its device and, when given, the instance's own
+    stream (``user_compute_stream``; ONNX Runtime refuses stream 0, the legacy default)."""
+    options: dict[str, Any] = {"device_id": device}
+    if stream:
+        options["has_user_compute_stream"] = "1"
+        options["user_compute_stream"] = str(stream)
+    return options
 
 
 def _wants_tensorrt(model: Any) -> bool:
@@ -112,6 +137,9 @@ def _from_ort(array: Any) -> np.ndarray:
 
 
 class OnnxRuntimeBackend(BackendNode):
+    # takes DLPack tensors as they come (flowserve/core/device.py)
+    device_tensors = True
+
     def load_instance(self, index: int) -> OrtInstance:
         model = self.model
         ort = require("onnxruntime", model.name, "onnxruntime", "onnx")
@@ -120,7 +148,8 @@ class OnnxRuntimeBackend(BackendNode):
             path = path / "model.onnx"
         place = placement(model, index, "onnxruntime")
         params = Parameters(model)
-        providers = providers_for(ort, model, place)
+        ops, stream = self._stream(place)
+        providers = providers_for(ort, model, place, int(stream.cuda_stream) if stream is not None else 0)
         try:
             session = ort.InferenceSession(
                 str(path), sess_options=session_options(ort, model, params), providers=providers
@@ -142,7 +171,24 @@ class OnnxRuntimeBackend(BackendNode):
         self._check_names("output", [t.name for t in model.outputs], names_out)
         outputs = [t.name for t in model.outputs] or names_out
         strings = frozenset(n for n, typ in names_in.items() if typ == "tensor(string)")
-        return OrtInstance(session, place if on_gpu else Placement("CPU"), outputs, strings, on_gpu)
+        if not on_gpu:
+            return OrtInstance(session, Placement("CPU"), outputs, strings, False)
+        run_options = None
+        if ops is not None:
+            run_options = ort.RunOptions()
+            run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        return OrtInstance(session, place, outputs, strings, True, ops, stream, run_options)
+
+    def _stream(self, place: Placement) -> tuple[Any, Any]:
+        """(device driver, a new stream) for a GPU instance when a CUDA torch makes them."""
+        if not place.gpu:
+            return None, None
+        from flowserve.nodes.backends.cuda import cuda_ops
+
+        ops = cuda_ops()
+        if ops is None:
+            return None, None
+        return ops, ops.stream(Device("cuda", place.device))
 
     def _check_names(self, what: str, configured: list[str], actual: list[str]) -> None:
         unknown = [n for n in configured if n not in actual]
@@ -153,19 +199,79 @@ class OnnxRuntimeBackend(BackendNode):
             )
 
     def execute(self, instance: OrtInstance, inputs: TensorMap) -> TensorMap:
+        if instance.io_binding:
+            return tensor_map(self._execute_gpu(instance, edges(inputs)))
+        for value in inputs.values():
+            if type(value) is not np.ndarray:
+                return self._execute_bound(instance, edges(inputs))
         feed = {
             name: _to_ort(array) if name in instance.string_inputs else array
             for name, array in inputs.items()
         }
-        session = instance.session
-        if instance.io_binding:
-            binding = session.io_binding()
-            for name, array in feed.items():
-                binding.bind_cpu_input(name, np.ascontiguousarray(array))
-            for name in instance.outputs:
-                binding.bind_output(name, "cuda", instance.place.device)
-            session.run_with_iobinding(binding)
-            results = binding.copy_outputs_to_cpu()
-        else:
-            results = session.run(instance.outputs, feed)
+        results = instance.session.run(instance.outputs, feed)
         return {name: _from_ort(value) for name, value in zip(instance.outputs, results, strict=True)}
+
+    def _execute_bound(self, instance: OrtInstance, inputs: EdgeMap) -> TensorMap:
+        """CPU, with DLPack inputs: each bound as an OrtValue over its own memory (no copy);
+        a device tensor (a CPU instance fed from a GPU) is copied to the host first."""
+        ort = self._ort()
+        binding = instance.session.io_binding()
+        copied = 0
+        for name, value in inputs.items():
+            if isinstance(value, DeviceTensor) and value.device.is_cpu and name not in instance.string_inputs:
+                binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(value.value))
+                continue
+            array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
+            copied += n
+            binding.bind_cpu_input(name, _to_ort(array) if name in instance.string_inputs else array)
+        for name in instance.outputs:
+            binding.bind_output(name, "cpu")
+        instance.session.run_with_iobinding(binding)
+        if copied:
+            self.stats.bytes_copied += copied
+        results = binding.get_outputs()
+        return {name: _from_ort(value.numpy()) for name, value in zip(instance.outputs, results, strict=True)}
+
+    def _execute_gpu(self, instance: OrtInstance, inputs: EdgeMap) -> EdgeMap:
+        """CUDA EP with I/O binding: device inputs bound in place once the instance's stream
+        waited on their producers; outputs left on the device (or, without a stream of our
+        own to order them, copied back as before)."""
+        ort = self._ort()
+        session = instance.session
+        binding = session.io_binding()
+        device = instance.place.device
+        where = Device("cuda", device)
+        stream = instance.stream
+        copied = 0
+        for name, value in inputs.items():
+            if isinstance(value, DeviceTensor) and value.device == where and stream is not None:
+                binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(take(value, stream)))
+                continue
+            array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
+            if name in instance.string_inputs:
+                array = _to_ort(array)
+            else:
+                copied += n + array.nbytes  # to the host (if it was elsewhere), then to the GPU
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in instance.outputs:
+            binding.bind_output(name, "cuda", device)
+        if instance.run_options is not None:
+            session.run_with_iobinding(binding, instance.run_options)
+        else:
+            session.run_with_iobinding(binding)
+        if stream is None:
+            results = binding.copy_outputs_to_cpu()
+            self.stats.bytes_copied += copied + sum(int(r.nbytes) for r in results)
+            return {name: _from_ort(value) for name, value in zip(instance.outputs, results, strict=True)}
+        from flowserve.nodes.backends.cuda import cuda_tensor
+
+        if copied:
+            self.stats.bytes_copied += copied
+        outputs = binding.get_outputs()
+        return {
+            name: cuda_tensor(value, stream, instance.ops, where)
+            for name, value in zip(instance.outputs, outputs, strict=True)
+        }
+
+    def _ort(self) -> Any:
+        return require("onnxruntime", self.model.name, "onnxruntime", "onnx")

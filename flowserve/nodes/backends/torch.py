@@ -9,14 +9,21 @@ Inputs and outputs are mapped as Triton's PyTorch backend maps them:
 - a tensor result is the single output; a tuple/list result is indexed by ``<name>__<index>``
   (``OUTPUT__0``) or, without that form, by the config's order; a dict result by name.
 
-CPU here; on a GPU an instance owns a device and a CUDA stream (inputs copied in and the
-module run on that stream, results copied back, then the stream is synchronised).
-``torch.jit.load``'s deprecation warning is filtered where it is raised.
+Tensors stay where they are (flowserve/core/device.py): the node takes numpy or any DLPack
+tensor (a torch tensor, an OrtValue, a DALI or cupy array) without a copy where torch can view
+it (``torch.from_numpy``/``torch.from_dlpack``), and its outputs stay torch tensors, on the CPU
+or on the instance's GPU. On a GPU an instance owns a device and a CUDA stream: an input made on
+another stream is waited for with the producer's event (never a device-wide synchronize), the
+module runs on the instance's stream, and each output carries an event recorded there. Copies
+left: a read-only numpy input (a front end's buffer) and a host tensor going to a GPU instance,
+counted in the model's ``bytes_copied``. ``torch.jit.load``'s deprecation warning is filtered
+where it is raised.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,11 +34,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from flowserve.core.device import CPU, Device, DeviceTensor, numpy_dtype, produced, take
 from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, Placement, placement, require
 from flowserve.nodes.backends.base import BackendNode
 
+# torch.export.load is not thread-safe (two models loading at once fail with
+# "_CURRENT_DESERIALIZER is already set"): one load at a time in this process
+_EXPORT_LOAD = threading.Lock()
 _INDEXED = re.compile(r"^.+__(\d+)$")
 _JIT_DEPRECATED = r"`torch\.jit\.\w+` is deprecated"
 
@@ -61,6 +72,8 @@ class TorchInstance:
     stream: Any
     positions: list[int]
     inference_mode: bool
+    place: Device = CPU  # where its tensors live
+    ops: Any = None  # the CUDA device driver (flowserve.nodes.backends.cuda) on a GPU
 
 
 @contextmanager
@@ -72,6 +85,8 @@ def _quiet_jit() -> Iterator[None]:
 
 class TorchBackend(BackendNode):
     _torch: Any = None
+    # takes DLPack tensors as they come and hands torch tensors on (flowserve/core/device.py)
+    device_tensors = True
 
     def _file(self) -> Path:
         vdir = Path(self.version_path)
@@ -105,7 +120,8 @@ class TorchBackend(BackendNode):
         path = self._file()
         try:
             if path.suffix == ".pt2":
-                module = torch.export.load(str(path)).module()
+                with _EXPORT_LOAD:
+                    module = torch.export.load(str(path)).module()
                 module = module.to(device)
                 forward_args = _signature_args(module)
             else:
@@ -116,34 +132,58 @@ class TorchBackend(BackendNode):
         except Exception as exc:
             raise InvalidArgument(f"model '{model.name}': torch cannot load {path}: {exc}") from None
         positions = input_positions([t.name for t in model.inputs], forward_args)
-        stream = torch.cuda.Stream(device=device) if place.gpu else None
-        return TorchInstance(module, device, stream, positions, params.flag("ENABLE_INFERENCE_MODE", True))
+        inference = params.flag("ENABLE_INFERENCE_MODE", True)
+        if not place.gpu:
+            return TorchInstance(module, device, None, positions, inference)
+        from flowserve.nodes.backends.cuda import TorchCudaOps
+
+        where = Device("cuda", place.device)
+        ops = TorchCudaOps(torch)
+        return TorchInstance(module, device, ops.stream(where), positions, inference, where, ops)
 
     def execute(self, instance: TorchInstance, inputs: TensorMap) -> TensorMap:
         torch = self._torch
         names = [t.name for t in self.model.inputs]
         args: list[Any] = [None] * (max(instance.positions, default=-1) + 1)
-        for name, pos in zip(names, instance.positions, strict=True):
-            if name in inputs:
-                args[pos] = _to_torch(torch, name, inputs[name], self.model.name)
-        while args and args[-1] is None:
-            args.pop()
+        copied = 0
         grad = torch.inference_mode() if instance.inference_mode else torch.no_grad()
         with grad:
-            if instance.stream is not None:
-                with torch.cuda.device(instance.device), torch.cuda.stream(instance.stream):
-                    moved = [
-                        a.to(instance.device, non_blocking=True) if a is not None else None for a in args
-                    ]
-                    result = instance.module(*moved)
-                    outputs = self._outputs(result)
-                instance.stream.synchronize()
+            if instance.stream is None:
+                for name, pos in zip(names, instance.positions, strict=True):
+                    if name in inputs:
+                        args[pos], n = _to_torch(torch, name, inputs[name], self.model.name)
+                        copied += n
+                while args and args[-1] is None:
+                    args.pop()
+                outputs = self._outputs(instance.module(*args), instance)
             else:
-                result = instance.module(*args)
-                outputs = self._outputs(result)
+                with torch.cuda.device(instance.device), torch.cuda.stream(instance.stream):
+                    for name, pos in zip(names, instance.positions, strict=True):
+                        if name in inputs:
+                            args[pos], n = self._on_gpu(instance, name, inputs[name])
+                            copied += n
+                    while args and args[-1] is None:
+                        args.pop()
+                    outputs = self._outputs(instance.module(*args), instance)
+        if copied:
+            self.stats.bytes_copied += copied
         return outputs
 
-    def _outputs(self, result: Any) -> TensorMap:
+    def _on_gpu(self, instance: TorchInstance, name: str, value: Any) -> tuple[Any, int]:
+        """An input as a torch tensor on the instance's GPU, ordered before its stream's work:
+        a tensor already there is waited for by event (no copy); host memory is copied in."""
+        torch = self._torch
+        if isinstance(value, DeviceTensor) and value.device == instance.place:
+            return torch_view(torch, take(value, instance.stream)), 0
+        if isinstance(value, DeviceTensor) and not value.device.is_cpu:
+            # another GPU: the producer's event first, then a device-to-device copy
+            return torch_view(torch, take(value, instance.stream)).to(
+                instance.device, non_blocking=True
+            ), value.nbytes
+        host, _ = _to_torch(torch, name, value, self.model.name)
+        return host.to(instance.device, non_blocking=True), int(host.numel() * host.element_size())
+
+    def _outputs(self, result: Any, instance: TorchInstance) -> TensorMap:
         torch = self._torch
         names = [t.name for t in self.model.outputs]
         if isinstance(result, dict):
@@ -162,7 +202,22 @@ class TorchBackend(BackendNode):
             raise InternalError(
                 f"model '{self.model.name}': forward() returned {type(result).__name__}, not tensors"
             )
-        return {n: _to_numpy(torch, v) for n, v in picked.items()}
+        return {n: self._tensor(v, instance) for n, v in picked.items()}
+
+    def _tensor(self, value: Any, instance: TorchInstance) -> Any:
+        """An output as it is: a torch tensor wrapped with its dtype, shape and device (and on
+        a GPU the event recorded on the instance's stream after it)."""
+        torch = self._torch
+        if not isinstance(value, torch.Tensor):
+            return np.asarray(value)
+        value = value.detach()
+        dtype = numpy_dtype(value.dtype)
+        shape = tuple(int(d) for d in value.shape)
+        if instance.stream is None:
+            return DeviceTensor(value, dtype, shape, CPU, to_numpy=torch_to_numpy)
+        from flowserve.nodes.backends.cuda import cuda_to_numpy
+
+        return produced(value, instance.stream, instance.ops, dtype, shape, instance.place, cuda_to_numpy)
 
 
 def _signature_args(module: Any) -> list[str] | None:
@@ -174,20 +229,42 @@ def _signature_args(module: Any) -> list[str] | None:
         return None
 
 
-def _to_torch(torch: Any, name: str, array: np.ndarray, model: str) -> Any:
+def torch_view(torch: Any, value: Any) -> Any:
+    """A torch tensor over the memory of any DLPack value (no copy)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_dlpack(value)
+
+
+def _to_torch(torch: Any, name: str, value: Any, model: str) -> tuple[Any, int]:
+    """A host input as a torch tensor and the bytes copied to make it: none for a writeable
+    numpy array or a DLPack tensor (views), the array's size for a read-only or strided one."""
+    if isinstance(value, DeviceTensor):
+        if value.device.is_cpu:
+            return torch_view(torch, value.value), 0
+        host, copied = value.host()  # a CPU instance fed from a GPU
+        tensor, _ = _to_torch(torch, name, host, model)
+        return tensor, copied
+    array: np.ndarray = value
     if array.dtype.kind in "OSU":
         raise Unsupported(f"model '{model}': input '{name}' is BYTES, which the pytorch backend cannot pass")
     if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16).copy()).view(
+            torch.bfloat16
+        ), array.nbytes
     if not array.flags.writeable or not array.flags.c_contiguous:
-        array = np.array(array, copy=True, order="C")
-    return torch.from_numpy(array)
+        return torch.from_numpy(np.array(array, copy=True, order="C")), array.nbytes
+    return torch.from_numpy(array), 0
 
 
-def _to_numpy(torch: Any, value: Any) -> np.ndarray:
-    if not isinstance(value, torch.Tensor):
-        return np.asarray(value)
-    value = value.detach().cpu()
-    if value.dtype == torch.bfloat16:
-        return np.asarray(value.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+def torch_to_numpy(value: Any) -> np.ndarray:
+    """A CPU torch tensor as numpy, sharing its memory (BF16 as ml_dtypes.bfloat16)."""
+    if str(value.dtype) == "torch.bfloat16":
+        return np.asarray(value.view(dtype=_int16(value)).numpy().view(ml_dtypes.bfloat16))
     return np.asarray(value.numpy())
+
+
+def _int16(value: Any) -> Any:
+    import torch
+
+    return torch.int16

@@ -5,6 +5,11 @@ must be equal for two requests to share a batch: input names, datatypes and non-
 An input that allows ragged batching keys on its name and datatype only; it is merged the way
 Triton hands ragged inputs to a model, as the flat concatenation of every request's elements.
 
+Inputs may be DLPack tensors left where a node made them (flowserve/core/device.py): their
+rows and keys are read the same way, a merge concatenates on the host (a copy that any merge
+of several requests is; ``meter`` counts its bytes as bytes copied), and a split takes views
+of the framework's tensor.
+
 :func:`split_rows` gives each request exactly the rows it brought; an output with any other row
 count is an :class:`InternalError` naming the node, never a silent mis-split.
 
@@ -22,11 +27,20 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from flowserve.core.device import DeviceTensor, edges, to_host
 from flowserve.core.errors import InternalError, InvalidArgument
 from flowserve.core.node import TensorMap
+
+
+class CopyMeter(Protocol):
+    """Where a merge counts the bytes it copied (a node's or a model's statistics)."""
+
+    bytes_copied: int
+
 
 # per input, sorted by name: (name, datatype, non-batch shape or None when ragged)
 Key = tuple[tuple[str, str, tuple[int, ...] | None], ...]
@@ -39,8 +53,8 @@ def request_rows(inputs: TensorMap, node: str) -> int:
     if not inputs:
         raise InvalidArgument(f"node '{node}' batches requests by rows, but this one has no inputs")
     rows = -1
-    for name, array in inputs.items():
-        if not isinstance(array, np.ndarray) or array.ndim == 0:
+    for name, array in edges(inputs).items():
+        if not isinstance(array, np.ndarray | DeviceTensor) or array.ndim == 0:
             raise InvalidArgument(
                 f"node '{node}' batches along the first dimension, but input '{name}' has none"
             )
@@ -67,20 +81,37 @@ def request_key(inputs: TensorMap, ragged: frozenset[str] = _NO_RAGGED) -> Key:
     )
 
 
-def merge_rows(batch: Sequence[TensorMap], ragged: frozenset[str] = _NO_RAGGED) -> TensorMap:
+def merge_rows(
+    batch: Sequence[TensorMap], ragged: frozenset[str] = _NO_RAGGED, meter: CopyMeter | None = None
+) -> TensorMap:
     """One request's worth of tensors holding every request's rows, in order.
 
     The requests must have equal keys (the policy guarantees it). Ragged inputs become the flat
-    concatenation of their elements."""
+    concatenation of their elements. A merge of several requests copies every row once (on the
+    host; a device tensor is copied there first): ``meter.bytes_copied`` counts those bytes."""
     if len(batch) == 1 and not ragged:
         return batch[0]
     merged: TensorMap = {}
+    copied = 0
     for name in batch[0]:
-        parts = [request[name] for request in batch]
+        parts = [_host(request[name]) for request in batch]
         if name in ragged:
             parts = [p.reshape(-1) for p in parts]
-        merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if len(parts) > 1:
+            merged[name] = np.concatenate(parts)
+            copied += merged[name].nbytes
+        else:
+            merged[name] = parts[0]
+    if meter is not None and copied:
+        meter.bytes_copied += copied
     return merged
+
+
+def _host(value: Any) -> np.ndarray:
+    if type(value) is np.ndarray:
+        return value
+    array, _ = to_host(value)  # a device tensor's copy is the merge's copy, counted once
+    return array
 
 
 def split_rows(outputs: TensorMap, rows: Sequence[int], node: str) -> list[TensorMap]:
@@ -100,7 +131,7 @@ def split_rows(outputs: TensorMap, rows: Sequence[int], node: str) -> list[Tenso
     start = 0
     for count in rows:
         stop = start + count
-        parts.append({name: array[start:stop] for name, array in outputs.items()})
+        parts.append({name: array[start:stop] for name, array in outputs.items()})  # views
         start = stop
     return parts
 
@@ -126,7 +157,7 @@ def check_split(results: Sequence[TensorMap], rows: Sequence[int], node: str) ->
 
 
 def _rows_of(array: object) -> int | None:
-    if isinstance(array, np.ndarray) and array.ndim > 0:
+    if isinstance(array, np.ndarray | DeviceTensor) and array.ndim > 0:
         return int(array.shape[0])
     return None
 

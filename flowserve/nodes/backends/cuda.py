@@ -1,0 +1,233 @@
+"""The real device behind :mod:`flowserve.core.device`'s ordering rule: ``torch.cuda``.
+
+:class:`TorchCudaOps` implements :class:`~flowserve.core.device.StreamOps` with torch's CUDA
+streams and events (``Stream``, ``Event.record``, ``Stream.wait_event``, ``Event.synchronize``
+and ``Tensor.record_stream`` for the caching allocator). It is made only where a GPU and a CUDA
+torch are present (:func:`cuda_ops`); the fake device runs the same calls in CI.
+
+Also here, because only this package may import a framework: host copies of CUDA tensors
+(:func:`cuda_to_numpy`), external streams for frameworks that take a raw ``cudaStream_t``
+(ONNX Runtime's ``user_compute_stream``, TensorRT's ``execute_async_v3``) and CUDA IPC for
+CUDA shared memory (:func:`open_ipc_region`, :func:`ipc_handle`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import numpy as np
+
+from flowserve.core.device import Device, DeviceTensor, produced, take
+from flowserve.nodes.backends._support import has_gpu
+
+
+class TorchCudaOps:
+    """Streams and events of ``torch.cuda`` (no device-wide synchronize anywhere)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+
+    def stream(self, device: Device) -> Any:
+        return self.torch.cuda.Stream(device=self.torch.device("cuda", device.index))
+
+    def current(self, device: Device) -> Any:
+        return self.torch.cuda.current_stream(self.torch.device("cuda", device.index))
+
+    def external(self, pointer: int, device: Device) -> Any:
+        """A torch view of a stream another framework made (``cudaStream_t`` as an int)."""
+        return self.torch.cuda.ExternalStream(pointer, device=self.torch.device("cuda", device.index))
+
+    def record(self, stream: Any) -> Any:
+        event = self.torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def use(self, value: Any, stream: Any) -> None:
+        # the caching allocator must not hand this memory out again before ``stream`` is done
+        record = getattr(value, "record_stream", None)
+        if record is not None and getattr(value, "is_cuda", False):
+            record(stream)
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()
+
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _ops() -> TorchCudaOps | None:
+    try:
+        import torch
+    except Exception:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return TorchCudaOps(torch)
+
+
+def cuda_ops() -> TorchCudaOps | None:
+    """The CUDA device driver, or None without a GPU or a CUDA torch."""
+    if not has_gpu():
+        return None
+    with _lock:
+        return _ops()
+
+
+def cuda_to_numpy(value: Any) -> np.ndarray:
+    """A host numpy copy of a CUDA tensor (torch, cupy, OrtValue or any DLPack tensor)."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch
+        from flowserve.nodes.backends.torch import torch_to_numpy
+
+        return torch_to_numpy(value.detach().cpu())
+    if hasattr(value, "get") and hasattr(value, "__cuda_array_interface__"):  # cupy
+        return np.asarray(value.get())
+    if hasattr(value, "numpy") and hasattr(value, "device_name"):  # OrtValue
+        return np.asarray(value.numpy())
+    if hasattr(value, "as_cpu"):  # DALI TensorGPU / TensorListGPU
+        return np.asarray(value.as_cpu().as_array())
+    return np.from_dlpack(value, device="cpu", copy=True)
+
+
+def torch_tensor(value: Any, torch: Any) -> Any:
+    """A torch tensor over the same memory as a DLPack value (no copy)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_dlpack(value)
+
+
+def on_stream(tensor: DeviceTensor, stream: Any) -> Any:
+    """``take``: the tensor's value ready for work on ``stream`` (the one ordering rule)."""
+    return take(tensor, stream)
+
+
+def cuda_tensor(value: Any, stream: Any, ops: TorchCudaOps, device: Device) -> DeviceTensor:
+    """A CUDA result of work queued on ``stream``, with its event recorded."""
+    from flowserve.core.device import numpy_dtype
+
+    shape_attr = value.shape
+    shape = shape_attr() if callable(shape_attr) else shape_attr
+    dtype = value.dtype if hasattr(value, "dtype") else value.data_type()
+    return produced(
+        value, stream, ops, numpy_dtype(dtype), tuple(int(d) for d in shape), device, to_numpy=cuda_to_numpy
+    )
+
+
+# ----------------------------------------------------------------------------- CUDA IPC
+
+
+def ipc_handle(pointer_owner: Any) -> bytes:
+    """The ``cudaIpcMemHandle_t`` (64 bytes) of a CUDA allocation (a torch tensor's storage),
+    as a client registering CUDA shared memory sends it."""
+    storage = pointer_owner.untyped_storage()
+    device, handle, *_ = storage._share_cuda_()
+    del device
+    return bytes(handle)
+
+
+class IpcRegion:
+    """Device memory another process exported with ``cudaIpcGetMemHandle``, opened here with
+    ``cudaIpcOpenMemHandle`` (through the CUDA runtime, ``cudart``), as a flat byte buffer a
+    torch tensor views without a copy."""
+
+    def __init__(self, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        import ctypes
+
+        import torch
+
+        if len(raw_handle) != 64:
+            raise ValueError(f"a cudaIpcMemHandle_t is 64 bytes, got {len(raw_handle)}")
+        self.device_id = device_id
+        self.byte_size = byte_size
+        self._torch = torch
+        self._cudart = _cudart()
+        with torch.cuda.device(device_id):
+            pointer = ctypes.c_void_p()
+            handle = (ctypes.c_char * 64).from_buffer_copy(raw_handle)
+            # cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned flags)
+            status = self._cudart.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, ctypes.c_uint(1))
+            if status != 0:
+                raise RuntimeError(f"cudaIpcOpenMemHandle failed (cudaError {status})")
+        self.pointer = int(pointer.value or 0)
+
+    def tensor(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+        """A torch tensor over ``[offset, offset + byte_size)`` of the region (no copy)."""
+        if offset < 0 or offset + byte_size > self.byte_size:
+            raise ValueError(
+                f"offset {offset} + byte size {byte_size} exceeds the region's {self.byte_size} bytes"
+            )
+        return _CudaView(self.pointer + offset, byte_size, dtype, shape, self.device_id).as_torch(self._torch)
+
+    def close(self) -> None:
+        if self.pointer:
+            import ctypes
+
+            self._cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(self.pointer))
+            self.pointer = 0
+
+
+class _CudaView:
+    """``__cuda_array_interface__`` over raw device memory (how torch views a foreign pointer)."""
+
+    def __init__(
+        self, pointer: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...], device: int
+    ) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": np.dtype(dtype).str,
+            "data": (pointer, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+        self.device = device
+        self.byte_size = byte_size
+
+    def as_torch(self, torch: Any) -> Any:
+        with torch.cuda.device(self.device):
+            return torch.as_tensor(self, device=f"cuda:{self.device}")
+
+
+@functools.cache
+def _cudart() -> Any:
+    """The CUDA runtime library torch loaded (libcudart), for the IPC calls torch does not expose."""
+    import ctypes
+    from pathlib import Path
+
+    import torch
+
+    site = Path(torch.__file__).resolve().parent.parent
+    candidates = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+    candidates += [str(p) for p in sorted((site / "torch" / "lib").glob("libcudart*.so*"))]
+    candidates += [str(p) for p in sorted(site.glob("nvidia/*/lib/libcudart.so*"))]
+    for name in candidates:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("the CUDA runtime (libcudart) cannot be loaded for CUDA IPC")
+
+
+def open_ipc_region(raw_handle: bytes, device_id: int, byte_size: int) -> IpcRegion:
+    """Open a client's CUDA shared-memory region (RuntimeError naming why not)."""
+    if cuda_ops() is None:
+        raise RuntimeError("CUDA shared memory needs a GPU and a CUDA build of torch")
+    return IpcRegion(raw_handle, device_id, byte_size)
+
+
+__all__ = [
+    "IpcRegion",
+    "TorchCudaOps",
+    "cuda_ops",
+    "cuda_tensor",
+    "cuda_to_numpy",
+    "ipc_handle",
+    "on_stream",
+    "open_ipc_region",
+    "torch_tensor",
+]
