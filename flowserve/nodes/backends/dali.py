@@ -9,6 +9,13 @@ one sample.
 On a machine without a GPU the pipeline is built with ``device_id=None`` (CPU operators only);
 a pipeline with GPU operators then fails to load with DALI's message and the model's name.
 Parameter ``num_threads`` sets DALI's CPU worker threads (default 1).
+
+Tensors stay where they are (flowserve/core/device.py): on a GPU with a CUDA torch, a GPU
+output is handed on as a torch tensor on the instance's GPU. DALI's outputs are valid only until
+the pipeline's next ``run()``, so each is cloned on the device (a device-to-device copy, counted
+as bytes copied) on the instance's own stream, with an event recorded there for the consumer to
+wait on; nothing goes through the host. A CUDA input (DLPack) is fed to ``external_source`` as
+it is; a host input as numpy (a view for a CPU DLPack tensor).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from flowserve.core.device import Device, DeviceTensor, edges, take
 from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import Parameters, Placement, model_file, placement, require
@@ -28,9 +36,14 @@ from flowserve.nodes.backends.base import BackendNode
 class DaliInstance:
     pipeline: Any
     place: Placement
+    ops: Any = None  # on a GPU with a CUDA torch: the device driver and the instance's stream
+    stream: Any = None
 
 
 class DaliBackend(BackendNode):
+    # takes DLPack tensors as they come; GPU outputs stay on the GPU (core/device.py)
+    device_tensors = True
+
     def load_instance(self, index: int) -> DaliInstance:
         model = self.model
         dali = require("nvidia.dali", model.name, "dali", "dali")
@@ -50,7 +63,14 @@ class DaliBackend(BackendNode):
             except Exception:
                 raise Unsupported(f"model '{model.name}': DALI cannot build {path}: {exc}") from None
             place = Placement("CPU")
-        return DaliInstance(pipe, place)
+        instance = DaliInstance(pipe, place)
+        if place.gpu:
+            from flowserve.nodes.backends.cuda import cuda_ops
+
+            instance.ops = cuda_ops()
+            if instance.ops is not None:
+                instance.stream = instance.ops.stream(Device("cuda", place.device))
+        return instance
 
     def _build(self, dali: Any, data: bytes, device_id: int | None, params: Parameters) -> Any:
         pipe = dali.Pipeline.deserialize(
@@ -68,9 +88,8 @@ class DaliBackend(BackendNode):
     def execute(self, instance: DaliInstance, inputs: TensorMap) -> TensorMap:
         pipe = instance.pipeline
         batched = self.model.max_batch_size > 0
-        for name, array in inputs.items():
-            data = np.ascontiguousarray(array)
-            pipe.feed_input(name, data if batched else data[np.newaxis, ...])
+        for name, value in edges(inputs).items():
+            pipe.feed_input(name, self._feed(instance, value, batched))
         try:
             results = pipe.run()
         except Exception as exc:
@@ -82,8 +101,51 @@ class DaliBackend(BackendNode):
             )
         out: TensorMap = {}
         for name, tensor_list in zip(names, results, strict=False):
-            out[name] = self._array(name, tensor_list, batched)
+            if instance.stream is not None and not hasattr(tensor_list, "as_array"):  # TensorListGPU
+                out[name] = self._on_device(instance, name, tensor_list, batched)
+            else:
+                out[name] = self._array(name, tensor_list, batched)
         return out
+
+    def _feed(self, instance: DaliInstance, value: Any, batched: bool) -> Any:
+        """An input as external_source takes it: a CUDA tensor as it is (DALI reads DLPack and
+        CUDA array interface objects), anything else as contiguous numpy."""
+        if isinstance(value, DeviceTensor) and not value.device.is_cpu and instance.stream is not None:
+            import torch
+
+            from flowserve.nodes.backends.cuda import torch_tensor
+
+            tensor = torch_tensor(take(value, instance.stream), torch)
+            instance.stream.synchronize()  # DALI copies on its own stream: the input must be ready
+            return tensor if batched else tensor.unsqueeze(0)
+        if isinstance(value, DeviceTensor):
+            array, copied = value.host()
+            if copied:
+                self.stats.bytes_copied += copied
+        else:
+            array = value
+        data = np.ascontiguousarray(array)
+        return data if batched else data[np.newaxis, ...]
+
+    def _on_device(self, instance: DaliInstance, name: str, tensor_list: Any, batched: bool) -> Any:
+        """A GPU output cloned on the instance's stream (DALI reuses its buffers on the next
+        run) and handed on with an event recorded after the clone."""
+        import torch
+
+        from flowserve.nodes.backends.cuda import cuda_tensor, torch_tensor
+
+        if not tensor_list.is_dense_tensor():
+            shapes = sorted({tuple(s) for s in tensor_list.shape()})
+            raise InternalError(
+                f"model '{self.model.name}': output '{name}' has samples of different shapes {shapes}; "
+                "a batched output needs one shape"
+            )
+        view = torch_tensor(tensor_list.as_tensor(), torch)
+        with torch.cuda.stream(instance.stream):
+            owned = view.clone()
+        self.stats.bytes_copied += int(owned.numel() * owned.element_size())
+        where = Device("cuda", instance.place.device)
+        return cuda_tensor(owned if batched else owned[0], instance.stream, instance.ops, where)
 
     def _array(self, name: str, tensor_list: Any, batched: bool) -> np.ndarray:
         if hasattr(tensor_list, "as_cpu"):

@@ -12,6 +12,13 @@ by name (``set_input_shape`` / ``set_tensor_address``, TensorRT 10's API); for d
 the first optimization profile whose [min, max] range holds the request's shapes is selected.
 Device buffers grow as needed and are reused. CUDA is driven through the driver API with
 ctypes, so no CUDA Python package is needed.
+
+Tensors stay on the device (flowserve/core/device.py) when a CUDA torch is there to own them:
+a CUDA input from the node before is bound where it is (``set_tensor_address`` on its memory),
+after the instance's stream waited on its producer's event; outputs are allocated as torch
+tensors on the instance's GPU and handed on with an event recorded on the instance's stream,
+with no synchronize. Host inputs are copied in (counted as bytes copied). Without torch the
+engine's outputs are copied back to numpy and the stream synchronised, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from flowserve.core.device import Device, DeviceTensor, EdgeMap, edges, host_map, take, tensor_map
 from flowserve.core.errors import InternalError, InvalidArgument, Unsupported
 from flowserve.core.node import TensorMap
 from flowserve.nodes.backends._support import gpu_count, model_file, no_gpu_reason, placement
@@ -132,6 +140,9 @@ class TrtInstance:
     profile: int = 0
     runtime: Any = None  # kept alive as long as its engine
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (ptr, bytes)
+    # with a CUDA torch: the device driver and a torch view of the instance's stream
+    ops: Any = None
+    torch_stream: Any = None
 
 
 def import_tensorrt(model: str) -> Any:
@@ -149,6 +160,9 @@ def import_tensorrt(model: str) -> Any:
 
 
 class TensorRTBackend(BackendNode):
+    # takes DLPack tensors as they come and leaves its outputs on the GPU (core/device.py)
+    device_tensors = True
+
     def load_instance(self, index: int) -> TrtInstance:
         model = self.model
         if gpu_count() == 0:  # before TensorRT is touched: its runtime crashes without CUDA
@@ -188,9 +202,16 @@ class TensorRTBackend(BackendNode):
         stream = cuda.stream()
         if profiles:
             context.set_optimization_profile_async(0, stream.value or 0)
-        return TrtInstance(
+        instance = TrtInstance(
             cuda, place.device, engine, context, stream, inputs, outputs, dtypes, profiles, runtime=runtime
         )
+        from flowserve.nodes.backends.cuda import cuda_ops
+
+        ops = cuda_ops()
+        if ops is not None:
+            instance.ops = ops
+            instance.torch_stream = ops.external(int(stream.value or 0), Device("cuda", place.device))
+        return instance
 
     def _check_names(self, inputs: list[str], outputs: list[str]) -> None:
         for what, configured, actual in (
@@ -215,6 +236,71 @@ class TensorRTBackend(BackendNode):
         return ptr
 
     def execute(self, instance: TrtInstance, inputs: TensorMap) -> TensorMap:
+        if instance.ops is not None:
+            return tensor_map(self._execute_on_device(instance, edges(inputs)))
+        inputs, copied = host_map(inputs)  # a CUDA tensor without torch to bind it: via the host
+        if copied:
+            self.stats.bytes_copied += copied
+        return self._execute_host(instance, inputs)
+
+    def _select(self, instance: TrtInstance, shapes: dict[str, Shape]) -> None:
+        if instance.profiles:
+            chosen = select_profile(shapes, instance.profiles)
+            if chosen < 0:
+                raise InvalidArgument(
+                    f"model '{self.model.name}': input shapes {shapes} fit no optimization profile of "
+                    f"the engine ({instance.profiles})"
+                )
+            if chosen != instance.profile:
+                instance.context.set_optimization_profile_async(chosen, instance.stream.value or 0)
+                instance.profile = chosen
+
+    def _execute_on_device(self, instance: TrtInstance, inputs: EdgeMap) -> EdgeMap:
+        """Inputs bound where they are (CUDA) or copied in (host); outputs torch tensors on the
+        instance's GPU with an event recorded on its stream; no synchronize."""
+        import torch
+
+        from flowserve.nodes.backends.cuda import cuda_tensor, torch_tensor
+
+        context, where = instance.context, Device("cuda", instance.device)
+        instance.cuda.use_device(instance.device)
+        self._select(instance, {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()})
+        held: list[Any] = []  # alive until the engine's work is queued
+        copied = 0
+        with torch.cuda.stream(instance.torch_stream):
+            for name in instance.inputs:
+                if name not in inputs:
+                    raise InvalidArgument(f"model '{self.model.name}': engine input '{name}' is missing")
+                value = inputs[name]
+                if isinstance(value, DeviceTensor) and value.device == where:
+                    tensor = torch_tensor(take(value, instance.torch_stream), torch).contiguous()
+                else:
+                    array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
+                    array = np.ascontiguousarray(array, dtype=instance.dtypes[name])
+                    tensor = torch.from_numpy(array).to(f"cuda:{instance.device}", non_blocking=False)
+                    copied += n + array.nbytes
+                held.append(tensor)
+                context.set_input_shape(name, tuple(tensor.shape))
+                context.set_tensor_address(name, tensor.data_ptr())
+            results: dict[str, Any] = {}
+            for name in instance.outputs:
+                shape = tuple(int(d) for d in context.get_tensor_shape(name))
+                if any(d < 0 for d in shape):
+                    raise Unsupported(
+                        f"model '{self.model.name}': output '{name}' has a data-dependent shape {shape}"
+                    )
+                dtype = getattr(torch, np.dtype(instance.dtypes[name]).name)
+                out = torch.empty(shape, dtype=dtype, device=f"cuda:{instance.device}")
+                context.set_tensor_address(name, out.data_ptr())
+                results[name] = out
+            if not context.execute_async_v3(instance.stream.value or 0):
+                raise InternalError(f"model '{self.model.name}': TensorRT execution failed")
+        if copied:
+            self.stats.bytes_copied += copied
+        wanted = [t.name for t in self.model.outputs] or instance.outputs
+        return {n: cuda_tensor(results[n], instance.torch_stream, instance.ops, where) for n in wanted}
+
+    def _execute_host(self, instance: TrtInstance, inputs: TensorMap) -> TensorMap:
         cuda, context, stream = instance.cuda, instance.context, instance.stream
         cuda.use_device(instance.device)
         shapes = {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()}
