@@ -46,6 +46,9 @@ class Context:
     deadline_ns: int | None = None
     priority: int = 0
     trace: list[Span] | None = None
+    # set when the caller went away or the deadline passed while a node worked on the request
+    # (a python model's request.is_cancelled() reads it, from the model's thread)
+    cancelled: bool = False
 
 
 class Node:

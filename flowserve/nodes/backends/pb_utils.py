@@ -42,7 +42,7 @@ import numpy as np
 
 from flowserve.core.datatypes import from_config, from_numpy, to_numpy
 from flowserve.core.errors import ErrorCode, FlowserveError
-from flowserve.core.node import TensorMap
+from flowserve.core.node import Context, TensorMap
 
 _log = logging.getLogger("flowserve.python_model")
 
@@ -518,9 +518,11 @@ class InferenceRequest:
         parameters: dict[str, Any] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
+        context: Context | None = None,
     ) -> InferenceRequest:
-        """A request handed to model.py's ``execute``."""
+        """A request handed to model.py's ``execute``; ``context`` says when it was cancelled."""
         request = cls.__new__(cls)
+        request._context = context
         request.model_name = model_name
         request._inputs = [Tensor._of(k, v) for k, v in inputs.items()]
         request._by_name = {t.name(): t for t in request._inputs}
@@ -582,7 +584,11 @@ class InferenceRequest:
         return self._release_flags
 
     def is_cancelled(self) -> bool:
-        """Whether the client went away (or its stream was ended) before the final response."""
+        """Whether the client went away (or its stream was ended, or its deadline passed)
+        before the final response."""
+        context = self._context
+        if context is not None and context.cancelled:
+            return True
         return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
@@ -600,6 +606,7 @@ class InferenceRequest:
         return sender
 
     _sender: InferenceResponseSender | None = None
+    _context: Context | None = None  # the server's view of the request (cancellation)
     # a non-decoupled request's responses sent through its sender (the backend reads them)
     _replies: list[InferenceResponse] | None = None
 

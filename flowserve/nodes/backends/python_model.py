@@ -187,15 +187,18 @@ class PythonModelBackend(BackendNode):
         await super().start()
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
-        """One request (no batcher): as the base, but the request's id and parameters reach
-        model.py's ``InferenceRequest``."""
-        if not ctx.request_id and not ctx.parameters:
-            return await super().__call__(inputs, ctx)
+        """One request (no batcher): as the base, but the request's id, parameters and
+        cancellation reach model.py's ``InferenceRequest`` (``is_cancelled()`` turns true when
+        the caller goes away or the deadline passes while execute runs, as in Triton)."""
 
         def run(instance: PythonInstance, one: TensorMap) -> TensorMap:
-            return self._execute_requests(instance, [one], [ctx])[0]
+            return self._execute_requests(instance, [one], (ctx,))[0]
 
-        return await self._run_one(inputs, run)
+        try:
+            return await self._run_one(inputs, run)
+        except asyncio.CancelledError:
+            ctx.cancelled = True
+            raise
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """A decoupled model's responses for one request (no batcher), in the order model.py
@@ -288,6 +291,7 @@ class PythonModelBackend(BackendNode):
             parameters=parameters,
             correlation_id=correlation if isinstance(correlation, int | str) else 0,
             flags=flags,
+            context=ctx,
         )
 
     def load_instance(self, index: int) -> PythonInstance:
@@ -340,10 +344,8 @@ class PythonModelBackend(BackendNode):
     def batch_call(
         self, contexts: Sequence[Context]
     ) -> Callable[[PythonInstance, list[TensorMap]], list[TensorMap]]:
-        """A batch whose requests carry ids or parameters (a client's, or a BLS call's): they
-        reach each ``InferenceRequest`` of the batch."""
-        if not any(c.request_id or c.parameters for c in contexts):
-            return self.execute_batch
+        """Each request's id, parameters (a client's, or a BLS call's) and cancellation reach
+        its ``InferenceRequest`` of the batch."""
         return lambda instance, batch: self._execute_requests(instance, batch, contexts)
 
     def _execute_requests(

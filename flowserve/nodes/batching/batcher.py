@@ -211,8 +211,9 @@ class Batcher(Node):
         self._wake.set()
         try:
             return await future
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller went away or its deadline passed
             self._queue.remove(entry)
+            ctx.cancelled = True  # a running batch's model may see it (is_cancelled)
             raise
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:

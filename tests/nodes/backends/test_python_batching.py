@@ -222,3 +222,56 @@ async def test_each_request_of_a_batch_keeps_its_parameters_from_clients_and_bls
         assert answer.outputs["GOT"].tolist() == [4, 3, 5, 3, 6, 3]
     finally:
         await engine.stop()
+
+
+WAIT_MODEL = """
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        # Triton's execute_cancel pattern: work until the request is cancelled
+        start = time.monotonic()
+        while time.monotonic() - start < 20 and not all(r.is_cancelled() for r in requests):
+            time.sleep(0.01)
+        for request in requests:
+            path = json.loads(request.parameters())["log"]
+            with open(path, "w") as f:
+                f.write("cancelled" if request.is_cancelled() else "not cancelled")
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED))
+                for _ in requests]
+"""
+
+
+@pytest.mark.parametrize("batching", ["", "dynamic_batching { max_queue_delay_microseconds: 1000 }"])
+async def test_a_request_past_its_deadline_is_cancelled_for_the_model(tmp_path: Path, batching: str) -> None:
+    config = f"""
+name: "wait_cancel"
+backend: "python"
+max_batch_size: 4
+{batching}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+"""
+    repo = tmp_path / "repo"
+    _model(repo, "wait_cancel", config, WAIT_MODEL)
+    log = tmp_path / "seen.txt"
+    engine = await flowserve.Engine.start(repo)
+    try:
+        request = InferRequest(
+            "wait_cancel",
+            {"IN": np.array([[1]], np.int32)},
+            parameters={"log": str(log), "timeout": 300_000},  # 300 ms
+        )
+        with pytest.raises(FlowserveError):
+            await engine.infer_request(request)
+        for _ in range(500):  # execute() notices is_cancelled() and returns
+            if log.exists() and log.read_text():
+                break
+            await asyncio.sleep(0.01)
+        assert log.read_text() == "cancelled"
+    finally:
+        await engine.stop()
