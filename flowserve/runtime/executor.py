@@ -174,7 +174,8 @@ class Executor:
             for value in result.values():
                 if type(value) is not np.ndarray:
                     result, copied = host_map(result)
-                    self.stats[0].bytes_copied += copied
+                    if copied:
+                        self.stats[0].add_copied(copied)
                     break
         return result
 
@@ -190,7 +191,7 @@ class Executor:
         memory, copies for device memory, counted as the node's bytes copied)."""
         if self._copying:
             owned = {name: np.array(to_host(value)[0], copy=True) for name, value in inputs.items()}
-            self.stats[index].bytes_copied += sum(int(a.nbytes) for a in owned.values())
+            self.stats[index].add_copied(sum(int(a.nbytes) for a in owned.values()))
             return owned
         for value in inputs.values():
             if type(value) is not np.ndarray:
@@ -198,7 +199,8 @@ class Executor:
         else:
             return inputs
         converted, copied = host_map(inputs)
-        self.stats[index].bytes_copied += copied
+        if copied:
+            self.stats[index].add_copied(copied)
         return converted
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncIterator[TensorMap]:
@@ -315,8 +317,8 @@ class Executor:
                 if host and type(value) is not np.ndarray:
                     value, copied = to_host(value)
                     producer = self._producer.get(key)
-                    if producer is not None:
-                        self.stats[producer].bytes_copied += copied
+                    if producer is not None and copied:
+                        self.stats[producer].add_copied(copied)
                 result[out.name] = value
         return result
 

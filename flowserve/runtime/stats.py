@@ -8,6 +8,7 @@ batch sizes.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, field
 
 from flowserve.core.clock import wall_ms
@@ -15,6 +16,11 @@ from flowserve.core.errors import ErrorCode, FlowserveError, NodeError
 
 # Triton's failure reasons (the ``reason`` label of nv_inference_request_failure)
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+# guards ``bytes_copied``, which instance threads (a backend's execute) and the event loop (the
+# executor's conversions) both add to; taken only when something was copied, so the numpy path
+# that copies nothing never touches it
+_COPIED = threading.Lock()
 
 
 def failure_reason(exc: BaseException | None) -> str:
@@ -63,6 +69,13 @@ class ExecStats:
     # bytes copied between host and device memory, or to merge a batch: where a tensor could
     # not be handed on as it was (see flowserve/core/device.py)
     bytes_copied: int = 0
+
+    def add_copied(self, nbytes: int) -> None:
+        """Count ``nbytes`` more bytes copied; safe from any thread. Callers call it only when
+        they copied something (``if copied: stats.add_copied(copied)``): a ``+=`` on the
+        attribute from an instance thread could lose an update made on the loop meanwhile."""
+        with _COPIED:
+            self.bytes_copied += nbytes
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, requests: int = 1

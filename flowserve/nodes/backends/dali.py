@@ -121,7 +121,7 @@ class DaliBackend(BackendNode):
         if isinstance(value, DeviceTensor):
             array, copied = value.host()
             if copied:
-                self.stats.bytes_copied += copied
+                self.stats.add_copied(copied)
         else:
             array = value
         data = np.ascontiguousarray(array)
@@ -143,7 +143,7 @@ class DaliBackend(BackendNode):
         view = torch_tensor(tensor_list.as_tensor(), torch)
         with torch.cuda.stream(instance.stream):
             owned = view.clone()
-        self.stats.bytes_copied += int(owned.numel() * owned.element_size())
+        self.stats.add_copied(int(owned.numel() * owned.element_size()))
         where = Device("cuda", instance.place.device)
         return cuda_tensor(owned if batched else owned[0], instance.stream, instance.ops, where)
 

@@ -228,7 +228,7 @@ class OnnxRuntimeBackend(BackendNode):
             binding.bind_output(name, "cpu")
         instance.session.run_with_iobinding(binding)
         if copied:
-            self.stats.bytes_copied += copied
+            self.stats.add_copied(copied)
         results = binding.get_outputs()
         return {name: _from_ort(value.numpy()) for name, value in zip(instance.outputs, results, strict=True)}
 
@@ -261,12 +261,12 @@ class OnnxRuntimeBackend(BackendNode):
             session.run_with_iobinding(binding)
         if stream is None:
             results = binding.copy_outputs_to_cpu()
-            self.stats.bytes_copied += copied + sum(int(r.nbytes) for r in results)
+            self.stats.add_copied(copied + sum(int(r.nbytes) for r in results))
             return {name: _from_ort(value) for name, value in zip(instance.outputs, results, strict=True)}
         from flowserve.nodes.backends.cuda import cuda_tensor
 
         if copied:
-            self.stats.bytes_copied += copied
+            self.stats.add_copied(copied)
         outputs = binding.get_outputs()
         return {
             name: cuda_tensor(value, stream, instance.ops, where)

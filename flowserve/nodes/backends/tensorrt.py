@@ -240,7 +240,7 @@ class TensorRTBackend(BackendNode):
             return tensor_map(self._execute_on_device(instance, edges(inputs)))
         inputs, copied = host_map(inputs)  # a CUDA tensor without torch to bind it: via the host
         if copied:
-            self.stats.bytes_copied += copied
+            self.stats.add_copied(copied)
         return self._execute_host(instance, inputs)
 
     def _select(self, instance: TrtInstance, shapes: dict[str, Shape]) -> None:
@@ -296,7 +296,7 @@ class TensorRTBackend(BackendNode):
             if not context.execute_async_v3(instance.stream.value or 0):
                 raise InternalError(f"model '{self.model.name}': TensorRT execution failed")
         if copied:
-            self.stats.bytes_copied += copied
+            self.stats.add_copied(copied)
         wanted = [t.name for t in self.model.outputs] or instance.outputs
         return {n: cuda_tensor(results[n], instance.torch_stream, instance.ops, where) for n in wanted}
 

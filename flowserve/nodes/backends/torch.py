@@ -166,7 +166,7 @@ class TorchBackend(BackendNode):
                         args.pop()
                     outputs = self._outputs(instance.module(*args), instance)
         if copied:
-            self.stats.bytes_copied += copied
+            self.stats.add_copied(copied)
         return outputs
 
     def _on_gpu(self, instance: TorchInstance, name: str, value: Any) -> tuple[Any, int]:
