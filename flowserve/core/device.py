@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -299,8 +299,39 @@ def on_current_stream(tensor: DeviceTensor) -> Any:
 
 
 def ordered_device(node: object) -> bool:
-    """Whether a node takes DLPack tensors as they come (``device_tensors = True``)."""
+    """Whether a node takes DLPack tensors as they come (``device_tensors = True``). A node that
+    wraps another (a batcher) forwards its inner node's answer."""
     return bool(getattr(node, "device_tensors", False))
+
+
+# ----------------------------------------------------------------------------- merges on the device
+
+# concatenates DeviceTensors whose values are of one framework type, on one device, along axis
+# 0, where they are; on a GPU it orders itself with take/produced on the calling thread's
+# current stream
+Concat = Callable[[Sequence[DeviceTensor]], DeviceTensor]
+_CONCAT: dict[type, Concat] = {}
+
+
+def register_concat(kind: type, concat: Concat) -> None:
+    """How values of ``kind`` (``torch.Tensor``) are concatenated on their device: registered by
+    the code that knows the framework (``flowserve.nodes.backends.cuda``), never imported here."""
+    _CONCAT[kind] = concat
+
+
+def concat_on_device(parts: Sequence[DeviceTensor]) -> DeviceTensor | None:
+    """The parts concatenated along axis 0 where they are (a batch's merge with no host copy),
+    or None when they are not one registered framework's tensors of one dtype on one device
+    (the caller then merges on the host)."""
+    head = parts[0]
+    kind = type(head.value)
+    concat = _CONCAT.get(kind)
+    if concat is None:
+        return None
+    for part in parts:
+        if type(part.value) is not kind or part.device != head.device or part.dtype != head.dtype:
+            return None
+    return concat(parts)
 
 
 # ----------------------------------------------------------------------------- the fake device
@@ -427,12 +458,31 @@ class FakeDevice:
             self.log.append(("to_host", int(buffer.data.nbytes)))
         return np.array(buffer.data, copy=True)
 
+    def concat(self, parts: Sequence[DeviceTensor]) -> DeviceTensor:
+        """A batch's merge on the device: on the calling thread's current stream, after waiting
+        on every part's event (the one ordering rule), its own event recorded after it."""
+        stream = self.current(parts[0].device)
+        buffers = [cast(FakeBuffer, take(part, stream)) for part in parts]
+        out = self.launch(stream, "concat", lambda *data: np.concatenate(data), *buffers)
+        return self.tensor(out, stream)
+
     def ops(self, kind: str) -> list[tuple[Any, ...]]:
         return [entry for entry in self.log if entry[0] == kind]
 
 
+def _fake_concat(parts: Sequence[DeviceTensor]) -> DeviceTensor:
+    device = parts[0].ops
+    if not isinstance(device, FakeDevice):
+        raise TypeError("fake device buffers without their FakeDevice")
+    return device.concat(parts)
+
+
+register_concat(FakeBuffer, _fake_concat)
+
+
 __all__ = [
     "CPU",
+    "Concat",
     "Device",
     "DeviceTensor",
     "EdgeMap",
@@ -443,6 +493,7 @@ __all__ = [
     "OrderingError",
     "StreamOps",
     "Tensor",
+    "concat_on_device",
     "device_of",
     "edges",
     "host_map",
@@ -451,6 +502,7 @@ __all__ = [
     "on_current_stream",
     "ordered_device",
     "produced",
+    "register_concat",
     "take",
     "tensor_map",
     "to_host",

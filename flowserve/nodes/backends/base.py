@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.device import edges, tensor_map
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.nodes.batching.tensors import merge_rows, request_rows, split_rows
@@ -108,7 +107,7 @@ class BackendNode(Node):
         """
         if len(batch) == 1 and not self._ragged:
             return [self.execute(instance, batch[0])]
-        merged = merge_rows(batch, self._ragged)
+        merged = merge_rows(batch, self._ragged, self.stats)  # its copies count as the model's
         rows = [request_rows(b, self.name) for b in batch]
         return split_rows(self.execute(instance, merged), rows, self.name)
 
@@ -194,10 +193,11 @@ class BackendNode(Node):
         return outputs
 
     def _reshape(self, tensors: TensorMap, shapes: dict[str, tuple[int, ...]]) -> TensorMap:
-        out = dict(tensors)
+        out = dict(edges(tensors))
         for name, shape in shapes.items():
             array = out.get(name)
             if array is not None:
                 lead = (array.shape[0],) if self._batched else ()
-                out[name] = np.reshape(array, lead + tuple(shape))
-        return out
+                # numpy, or a DLPack tensor (device_tensors backends): its framework's view
+                out[name] = array.reshape(lead + tuple(shape))
+        return tensor_map(out)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from flowserve.core.device import Device, DeviceTensor, produced, take
+from flowserve.core.device import Device, DeviceTensor, produced, register_concat, take
 from flowserve.nodes.backends._support import has_gpu
 
 
@@ -116,6 +117,36 @@ def cuda_tensor(value: Any, stream: Any, ops: TorchCudaOps, device: Device) -> D
     return produced(
         value, stream, ops, numpy_dtype(dtype), tuple(int(d) for d in shape), device, to_numpy=cuda_to_numpy
     )
+
+
+def torch_concat(parts: Sequence[DeviceTensor]) -> DeviceTensor:
+    """A batch's merge of torch tensors where they are (``torch.cat``): in host memory as is;
+    on a GPU on the calling thread's current stream, after it waited on every part's event,
+    with an event recorded after the copy (no synchronize)."""
+    import torch
+
+    head = parts[0]
+    ops = next((p.ops for p in parts if p.ops is not None), None)
+    if head.device.is_cpu or ops is None:
+        value = torch.cat([p.value for p in parts])
+        shape = tuple(int(d) for d in value.shape)
+        return DeviceTensor(value, head.dtype, shape, head.device, to_numpy=head.to_numpy_fn)
+    stream = ops.current(head.device)
+    values = [take(p, stream) for p in parts]
+    with torch.cuda.device(head.device.index), torch.cuda.stream(stream):
+        value = torch.cat(values)
+    shape = tuple(int(d) for d in value.shape)
+    return produced(value, stream, ops, head.dtype, shape, head.device, to_numpy=cuda_to_numpy)
+
+
+def register_torch_concat() -> bool:
+    """Register :func:`torch_concat` for ``torch.Tensor`` (False without torch)."""
+    try:
+        import torch
+    except Exception:
+        return False
+    register_concat(torch.Tensor, torch_concat)
+    return True
 
 
 # ----------------------------------------------------------------------------- CUDA IPC
@@ -229,5 +260,7 @@ __all__ = [
     "ipc_handle",
     "on_stream",
     "open_ipc_region",
+    "register_torch_concat",
+    "torch_concat",
     "torch_tensor",
 ]

@@ -38,6 +38,12 @@ way (preferred sizes, queue delay, priorities, timeouts), a batch runs as one
 responses come back through its own :class:`~.runners.StreamSink` as the model sends them. The
 instance takes the next batch once ``execute`` returns, even while responses are still coming.
 
+**Device tensors.** The batcher takes tensors as its inner node does (``device_tensors``, see
+:mod:`flowserve.core.device`): in front of a torch or ONNX Runtime node it queues the DLPack
+tensors its producers made, a batch of them is merged where they are (``torch.cat`` on their
+GPU, ordered after each part's event; on the host when their framework cannot), the merge's
+bytes counted as the node's bytes copied, and each request gets views of the outputs.
+
 Times come from the injected clock. The asyncio waits derive from it, so with a
 :class:`~flowserve.core.clock.FakeClock` a test moves the clock and calls :meth:`Batcher.wake`.
 Waits run on a :class:`~flowserve.runtime.timer.PreciseTimer`: a 500 us queue delay lasts
@@ -53,6 +59,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from flowserve.core.clock import MONOTONIC, Clock
+from flowserve.core.device import ordered_device
 from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.nodes.batching.policy import Take, decide, policy_from_spec
@@ -128,6 +135,9 @@ class Batcher(Node):
             self.decoupled = True
         self.name = inner.name
         self.inner = inner
+        # the inner node takes DLPack tensors as they come (torch, ONNX Runtime): so does the
+        # batcher, which queues, merges (on their device where it can) and splits them
+        self.device_tensors = ordered_device(inner)
         self.spec = spec
         self.clock = clock
         self.ragged = ragged
@@ -135,14 +145,14 @@ class Batcher(Node):
         levels, default_level = levels_from_spec(spec)
         bound = max_queued or max(DEFAULT_MAX_QUEUED, sum(p.max_queue_size for p in levels))
         self._queue: PriorityQueue[_Call] = PriorityQueue(levels, default_level, bound)
-        if runner is None:
-            if isinstance(inner, BatchExecutor):
-                runner = InstanceRunner(inner, clock)
-            else:
-                runner = NodeRunner(inner, clock, ragged, capacity)
-        self.runner: BatchRunner | StreamRunner = self._streams or runner
         self.model_stats = stats
         self.node_stats = NodeStats()
+        if runner is None:
+            if isinstance(inner, BatchExecutor):
+                runner = InstanceRunner(inner, clock)  # the backend counts its merges itself
+            else:
+                runner = NodeRunner(inner, clock, ragged, capacity, meter=self.node_stats)
+        self.runner: BatchRunner | StreamRunner = self._streams or runner
         self._preserve = spec.preserve_ordering
         self._order: deque[_Batch] = deque()
         self._wake = asyncio.Event()

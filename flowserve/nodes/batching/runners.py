@@ -30,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from flowserve.core.clock import Clock
 from flowserve.core.node import Context, Node, TensorMap
-from flowserve.nodes.batching.tensors import check_split, merge_rows, split_rows
+from flowserve.nodes.batching.tensors import CopyMeter, check_split, merge_rows, split_rows
 
 
 @dataclass(slots=True)
@@ -190,12 +190,18 @@ class StreamRunner:
 
 class NodeRunner:
     def __init__(
-        self, node: Node, clock: Clock, ragged: frozenset[str] = frozenset(), capacity: int = 1
+        self,
+        node: Node,
+        clock: Clock,
+        ragged: frozenset[str] = frozenset(),
+        capacity: int = 1,
+        meter: CopyMeter | None = None,
     ) -> None:
         self.node = node
         self.clock = clock
         self.ragged = ragged
         self._capacity = max(1, capacity)
+        self.meter = meter  # the node's statistics: a merge's copies count as its bytes copied
 
     @property
     def capacity(self) -> int:
@@ -209,7 +215,7 @@ class NodeRunner:
     ) -> list[TensorMap]:
         clock = self.clock
         phases.start_ns = clock.now_ns()
-        merged = merge_rows(batch, self.ragged)
+        merged = merge_rows(batch, self.ragged, self.meter)
         phases.infer_start_ns = clock.now_ns()
         outputs = await self.node(merged, batch_context(contexts))
         phases.infer_end_ns = clock.now_ns()

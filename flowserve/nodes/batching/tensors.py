@@ -6,9 +6,10 @@ An input that allows ragged batching keys on its name and datatype only; it is m
 Triton hands ragged inputs to a model, as the flat concatenation of every request's elements.
 
 Inputs may be DLPack tensors left where a node made them (flowserve/core/device.py): their
-rows and keys are read the same way, a merge concatenates on the host (a copy that any merge
-of several requests is; ``meter`` counts its bytes as bytes copied), and a split takes views
-of the framework's tensor.
+rows and keys are read the same way (the key names the device too, so a batch never mixes
+devices), a merge concatenates where they are when their framework can (``torch.cat`` on their
+device; a copy that any merge of several requests is) and on the host otherwise (``meter``
+counts the bytes either way as bytes copied), and a split takes views of the framework's tensor.
 
 :func:`split_rows` gives each request exactly the rows it brought; an output with any other row
 count is an :class:`InternalError` naming the node, never a silent mis-split.
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flowserve.core.device import DeviceTensor, edges, to_host
+from flowserve.core.device import DeviceTensor, concat_on_device, edges, to_host
 from flowserve.core.errors import InternalError, InvalidArgument
 from flowserve.core.node import TensorMap
 
@@ -39,7 +40,7 @@ from flowserve.core.node import TensorMap
 class CopyMeter(Protocol):
     """Where a merge counts the bytes it copied (a node's or a model's statistics)."""
 
-    bytes_copied: int
+    def add_copied(self, nbytes: int) -> None: ...
 
 
 # per input, sorted by name: (name, datatype, non-batch shape or None when ragged)
@@ -67,16 +68,21 @@ def request_rows(inputs: TensorMap, node: str) -> int:
     return rows
 
 
-def _datatype(array: np.ndarray) -> str:
+def _datatype(array: np.ndarray | DeviceTensor) -> str:
     # BYTES arrive as object, bytes_ or str_ arrays of any width: one datatype, they concatenate
-    return "BYTES" if array.dtype.kind in "OSU" else array.dtype.str
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    if isinstance(array, DeviceTensor) and not array.device.is_cpu:
+        return f"{array.dtype.str}@{array.device}"  # tensors on a GPU batch only with their device's
+    return array.dtype.str
 
 
 def request_key(inputs: TensorMap, ragged: frozenset[str] = _NO_RAGGED) -> Key:
     """What two requests must share to be merged into one batch."""
     return tuple(
         sorted(
-            (name, _datatype(a), None if name in ragged else tuple(a.shape[1:])) for name, a in inputs.items()
+            (name, _datatype(a), None if name in ragged else tuple(a.shape[1:]))
+            for name, a in edges(inputs).items()
         )
     )
 
@@ -87,31 +93,61 @@ def merge_rows(
     """One request's worth of tensors holding every request's rows, in order.
 
     The requests must have equal keys (the policy guarantees it). Ragged inputs become the flat
-    concatenation of their elements. A merge of several requests copies every row once (on the
-    host; a device tensor is copied there first): ``meter.bytes_copied`` counts those bytes."""
+    concatenation of their elements. A merge of several requests copies every row once:
+    numpy on the host; DLPack tensors of one framework on one device where they are
+    (``torch.cat`` on their GPU, ordered after each part's event), else on the host after a
+    host copy of each. ``meter.add_copied`` counts every byte those copies moved."""
     if len(batch) == 1 and not ragged:
         return batch[0]
     merged: TensorMap = {}
     copied = 0
     for name in batch[0]:
-        parts = [_host(request[name]) for request in batch]
+        values = [request[name] for request in batch]
         if name in ragged:
-            parts = [p.reshape(-1) for p in parts]
-        if len(parts) > 1:
-            merged[name] = np.concatenate(parts)
-            copied += merged[name].nbytes
+            values = [v.reshape(-1) for v in values]
+        if len(values) == 1:
+            merged[name] = values[0]
+            continue
+        for value in values:
+            if type(value) is not np.ndarray:
+                joined, moved = _merge_tensors(values)
+                break
         else:
-            merged[name] = parts[0]
+            joined = np.concatenate(values)
+            moved = int(joined.nbytes)
+        merged[name] = joined
+        copied += moved
     if meter is not None and copied:
-        meter.bytes_copied += copied
+        meter.add_copied(copied)
     return merged
 
 
-def _host(value: Any) -> np.ndarray:
-    if type(value) is np.ndarray:
-        return value
-    array, _ = to_host(value)  # a device tensor's copy is the merge's copy, counted once
-    return array
+def _merge_tensors(values: list[Any]) -> tuple[Any, int]:
+    """Rows of DLPack tensors (maybe with numpy among them) in one tensor, and the bytes copied."""
+    if all(isinstance(v, DeviceTensor) for v in values):
+        parts: list[DeviceTensor] = values
+        joined = concat_on_device(parts)
+        if joined is None and _register_concat(parts[0].value):
+            joined = concat_on_device(parts)
+        if joined is not None:
+            return joined, joined.nbytes
+    moved = 0
+    arrays = []
+    for value in values:
+        array, n = to_host(value)
+        arrays.append(array)
+        moved += n
+    host = np.concatenate(arrays)
+    return host, moved + int(host.nbytes)
+
+
+def _register_concat(value: object) -> bool:
+    """Register a framework's device merge the first time its tensors are merged (torch)."""
+    if type(value).__module__.partition(".")[0] != "torch":
+        return False
+    from flowserve.nodes.backends.cuda import register_torch_concat
+
+    return register_torch_concat()
 
 
 def split_rows(outputs: TensorMap, rows: Sequence[int], node: str) -> list[TensorMap]:
