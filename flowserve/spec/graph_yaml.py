@@ -22,6 +22,9 @@ Schema (one graph per file)::
       net:   {model: resnet, version: 1, inputs: {input: pre.tensor},
               batching: {max_batch_size: 32, max_queue_delay_us: 500},
               instances: {count: 2, kind: KIND_CPU}}
+      heavy: {python: nodes.nlp:Embed, inputs: {text: $text},
+              instances: {count: 4, kind: KIND_RAY,          # Ray actors (--ray-address);
+                          resources: {num_cpus: 1, num_gpus: 0}, max_restarts: -1}}  # see spec/rayspec.py
       inner: {graph: other_graph, inputs: {x: net.output}}
       gate:  {switch: {input: $score, payload: $image, default: low,
                        cases: [{branch: high, op: gt, value: 0.5, reduce: any}]}}
@@ -45,6 +48,7 @@ import yaml
 from flowserve.core.datatypes import DATATYPES
 from flowserve.core.errors import SpecError
 from flowserve.spec.kinds import KINDS, YAML_KINDS, Issues, parse_ref
+from flowserve.spec.rayspec import KIND_RAY, ray_from_yaml
 from flowserve.spec.schema import (
     BatchingSpec,
     Binding,
@@ -251,7 +255,7 @@ def _parse_node(name: str, raw: Any, issues: Issues) -> NodeSpec | None:
         inputs=parsed.inputs,
         outputs=outputs,
         batching=_parse_batching(raw.get("batching"), issues, name),
-        instances=_parse_instances(raw.get("instances"), issues, name),
+        instances=_parse_instances(raw.get("instances"), issues, name, kind.name),
         parameters=params,
         switch=parsed.switch,
         split=parsed.split,
@@ -300,18 +304,31 @@ def _parse_batching(raw: Any, issues: Issues, node: str) -> BatchingSpec | None:
         return None
 
 
-def _parse_instances(raw: Any, issues: Issues, node: str) -> InstanceSpec:
+def _parse_instances(raw: Any, issues: Issues, node: str, node_kind: str) -> InstanceSpec:
     if raw is None:
         return InstanceSpec()
     if not isinstance(raw, dict):
-        issues.add("must be a mapping {count, kind}", node, "instances")
+        issues.add("must be a mapping {count, kind[, resources, max_restarts]}", node, "instances")
         return InstanceSpec()
     count = raw.get("count", 1)
     kind = raw.get("kind", "KIND_AUTO")
     if not isinstance(count, int) or count < 1:
         issues.add(f"count must be an integer >= 1, got {count!r}", node, "instances.count")
         count = 1
-    if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"):
-        issues.add(f"kind must be KIND_AUTO/CPU/GPU/MODEL, got {kind!r}", node, "instances.kind")
+    if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL", KIND_RAY):
+        issues.add(f"kind must be KIND_AUTO/CPU/GPU/MODEL/RAY, got {kind!r}", node, "instances.kind")
         kind = "KIND_AUTO"
-    return InstanceSpec(count=count, kind=kind, gpus=tuple(raw.get("gpus", ())))
+    if kind != KIND_RAY:
+        for key in ("resources", "max_restarts"):
+            if key in raw:
+                issues.add("only KIND_RAY instances take this (Ray resources)", node, f"instances.{key}")
+        return InstanceSpec(count=count, kind=kind, gpus=tuple(raw.get("gpus", ())))
+    if node_kind != "python":
+        issues.add(
+            "KIND_RAY places python nodes' instances on Ray; a repository model asks for it in its "
+            "config (parameters flowserve.ray.*)",
+            node,
+            "instances.kind",
+        )
+    ray = ray_from_yaml(raw, lambda message, field: issues.add(message, node, field))
+    return InstanceSpec(count=count, kind=KIND_RAY, ray=ray)

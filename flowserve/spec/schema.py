@@ -82,14 +82,28 @@ class ResourceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RaySpec:
+    """What each ``KIND_RAY`` instance (a Ray actor, nodes/rayinstances.py) asks Ray for:
+    CPUs, GPUs and custom resources (``resources``: sorted name, amount pairs), and how often
+    Ray restarts an actor that died (-1: always)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()
+    max_restarts: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceSpec:
     count: int = 1
-    kind: Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"] = "KIND_AUTO"
+    kind: Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL", "KIND_RAY"] = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
     # rate limiter (used only when the server enables it): resources and priority (0 acts as 1;
     # priority 2 gets half the scheduling chances of priority 1)
     resources: tuple[ResourceSpec, ...] = ()
     priority: int = 0
+    # KIND_RAY: the instances are Ray actors asking for these resources (set exactly then)
+    ray: RaySpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
