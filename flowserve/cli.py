@@ -302,6 +302,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model_load_threads=args.model_load_thread_count,
             inline_threshold_us=args.inline_threshold_us,
             remote=remote,
+            ray_address=args.ray_address,
         )
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -344,6 +345,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grpc_response_compression=args.grpc_infer_response_compression_level,
         trace_config=trace_config,
         http_server=args.http_server,
+        ray_address=args.ray_address,
     )
     if args.loop == "uvloop":
         import uvloop
@@ -729,6 +731,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         default=d.repository.model_load_threads,
         metavar="N",
         help="models loaded at once, and instances of one model for backends that allow it (Triton's)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        default=d.ray_address,
+        metavar="ADDRESS",
+        help="the Ray cluster that KIND_RAY instances run on: HOST:PORT (or ray://HOST:PORT), 'auto' "
+        "(the cluster this machine runs, else a new local one) or 'local' (a new local one); "
+        "without it a model asking for KIND_RAY fails to load",
     )
     serve.set_defaults(func=cmd_serve)
 

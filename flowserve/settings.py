@@ -87,6 +87,15 @@ class Settings:
     header_forward: dict[str, re.Pattern[str]] = field(default_factory=dict)
     # --trace-config: start-up trace settings, and the OTLP export in opentelemetry mode
     trace_config: TraceConfig | None = None
+    # --ray-address: the Ray cluster KIND_RAY instances run on ("": none; "auto": this machine's,
+    # or a new local one). Handed to the repository (``repository.ray_address``) when set here
+    ray_address: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ray_address and self.ray_address != self.repository.ray_address:
+            self.repository = dataclasses.replace(self.repository, ray_address=self.ray_address)
+        elif not self.ray_address:
+            self.ray_address = self.repository.ray_address
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -25,11 +25,13 @@ from flowserve.nodes.batching import Batcher
 from flowserve.nodes.cached import CachedNode
 from flowserve.nodes.kinds import Known, Place, builder
 from flowserve.nodes.loading import LoadSettings
+from flowserve.nodes.rayinstances import place_on_ray
 from flowserve.nodes.step import StepNode
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.stats import ModelStats
 from flowserve.spec.kinds import kind_of, node_targets
+from flowserve.spec.rayspec import ray_instances
 from flowserve.spec.repository import Scan
 from flowserve.spec.schema import GraphSpec, ModelSpec, NodeSpec, model_graph
 
@@ -142,7 +144,10 @@ def _build(
     clock: Clock,
     load: LoadSettings,
 ) -> Node:
-    return builder(spec).build(spec, Place(plan, registry, model, version, stats, clock, load))
+    if model is not None and spec.kind == "backend":
+        model = ray_instances(model)  # flowserve.ray.* parameters: the instances are Ray actors
+    node = builder(spec).build(spec, Place(plan, registry, model, version, stats, clock, load))
+    return place_on_ray(node, spec, plan.name, model, version, load)
 
 
 def _cached(node: Node, graph: str, spec: NodeSpec, cache: ResponseCache | None) -> Node:

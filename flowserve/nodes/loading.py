@@ -35,6 +35,8 @@ class LoadSettings:
     rate_limiter: RateLimiter | None = None
     # model control for python models (pb_utils.load_model), when the server hands one over
     model_control: ModelControl | None = None
+    # the Ray cluster KIND_RAY instances are placed on ("": none configured; nodes/rayinstances.py)
+    ray_address: str = ""
 
     @property
     def inline_threshold_ns(self) -> int:

@@ -106,7 +106,11 @@ class Repository:
         self.control = ControlLink()
         # what every node built here is given (nodes/loading.py)
         self.load_settings = LoadSettings(
-            settings.model_load_threads, settings.inline_threshold_us, rate_limiter, self.control
+            settings.model_load_threads,
+            settings.inline_threshold_us,
+            rate_limiter,
+            self.control,
+            ray_address=settings.ray_address,
         )
         self.graph_dirs = _paths(graphs)
         self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None

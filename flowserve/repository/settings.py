@@ -32,6 +32,9 @@ class RepositorySettings:
     # Python work runs on the event loop while its calls take less than this (0: on threads)
     inline_threshold_us: float = 1000.0
     remote: RemoteOptions = field(default_factory=RemoteOptions)  # remote repositories (s3://...)
+    # the Ray cluster KIND_RAY instances run on ("" none; "auto" this machine's, or a new local
+    # one; "local" a new local one; else an address): nodes/rayinstances.py
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         if self.control_mode not in CONTROL_MODES:
