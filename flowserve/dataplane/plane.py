@@ -10,6 +10,7 @@ restrictions) is decided here once, whatever the transport."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import random
@@ -26,6 +27,7 @@ from flowserve.core.types import InferRequest, InferResponse
 from flowserve.core.version import VERSION
 from flowserve.dataplane import metadata
 from flowserve.dataplane.admission import Admission
+from flowserve.dataplane.cudashm import CudaSharedMemoryRegistry
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import Guards
 from flowserve.dataplane.peers import Peers
@@ -90,6 +92,7 @@ class DataPlane:
         keep_traces: int = 200,
         admission: Admission | None = None,
         guards: Guards | None = None,
+        cuda_shm: CudaSharedMemoryRegistry | None = None,
     ) -> None:
         self.engine = engine
         # the other worker processes of this server (--workers N; dataplane/peers.py), or None
@@ -99,6 +102,11 @@ class DataPlane:
         # connection caps per listener and the server-wide budget of buffered request bytes
         self.guards = guards or Guards()
         self.shm = shm or SharedMemoryRegistry(enabled=False)
+        # CUDA shared memory where CUDA is present (dataplane/cudashm.py), on with system shm;
+        # one namespace of region names with it
+        self.cuda_shm = cuda_shm or CudaSharedMemoryRegistry(enabled=self.shm.enabled)
+        self.shm.cuda = self.cuda_shm
+        self.cuda_shm.taken = self.shm.names
         self.limits = limits or Limits()
         self.admission = admission or Admission()
         self.trace_settings = TraceSettings()
@@ -331,6 +339,28 @@ class DataPlane:
         else:
             await self.peers.broadcast("unregister_shm", {"name": name})
 
+    async def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a CUDA shared-memory region (with several workers: opened in every worker)."""
+        if self.peers is None:
+            self.cuda_shm.register(name, raw_handle, device_id, byte_size)
+            return
+        self.cuda_shm.check_register(name, raw_handle, device_id, byte_size)  # refused here first
+        await self.peers.broadcast(
+            "register_cuda_shm",
+            {
+                "name": name,
+                "handle": base64.b64encode(raw_handle).decode(),
+                "device": device_id,
+                "size": byte_size,
+            },
+        )
+
+    async def unregister_cuda_shm(self, name: str = "") -> None:
+        if self.peers is None or not self.cuda_shm.available:
+            self.cuda_shm.unregister(name)
+        else:
+            await self.peers.broadcast("unregister_cuda_shm", {"name": name})
+
     async def set_trace_settings(self, settings: dict[str, Any], model: str = "") -> dict[str, Any]:
         """Update trace settings from the network (with several workers: in every worker)."""
         result = self.update_trace_settings(settings, model)  # checked (and applied) here first
@@ -356,6 +386,11 @@ class DataPlane:
             self.shm.register(args["name"], args["key"], args["offset"], args["size"])
         elif op == "unregister_shm":
             self.shm.unregister(args["name"])
+        elif op == "register_cuda_shm":
+            handle = base64.b64decode(args["handle"])
+            self.cuda_shm.register(args["name"], handle, args["device"], args["size"])
+        elif op == "unregister_cuda_shm":
+            self.cuda_shm.unregister(args["name"])
         elif op == "trace_settings":
             self.update_trace_settings(args["settings"], args["model"])
         elif op == "log_settings":
@@ -547,8 +582,12 @@ class DataPlane:
         return self.engine.models
 
     async def stop(self) -> None:
-        """Stop serving: every servable is stopped (the repository's and the engine's end)."""
-        await self.engine.stop()
+        """Stop serving: every servable is stopped (the repository's and the engine's end);
+        the CUDA shared-memory regions opened here are closed."""
+        try:
+            await self.engine.stop()
+        finally:
+            self.cuda_shm.close()
 
 
 class _ModelControl:

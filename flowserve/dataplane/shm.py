@@ -4,6 +4,10 @@ A region is a POSIX shared memory object (``/dev/shm/<key>``) mapped once at reg
 inputs are read from it and outputs written to it, every access bounds-checked. Registration
 is open to any client by default (as in Triton), so the number of regions is bounded
 (:data:`MAX_REGIONS`): each is a mapping the process holds until it is unregistered.
+
+Region names are one namespace with CUDA shared memory (:mod:`flowserve.dataplane.cudashm`),
+as in Triton: :meth:`SharedMemoryRegistry.read_tensor` and :meth:`~SharedMemoryRegistry.write_tensor`,
+which the front ends call, find a name in either.
 """
 
 from __future__ import annotations
@@ -12,10 +16,20 @@ import contextlib
 import mmap
 import os
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from flowserve.core.device import DeviceTensor, to_host
 from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unsupported
+from flowserve.core.limits import Limits
+from flowserve.core.wire import check_shm_size, from_raw, to_raw
+
+if TYPE_CHECKING:
+    from flowserve.dataplane.cudashm import CudaSharedMemoryRegistry
 
 SHM_ROOT = Path("/dev/shm")
 # regions registered at once (Linux allows a process about 65k mappings in all)
@@ -39,6 +53,12 @@ class SharedMemoryRegistry:
         self.enabled = enabled
         self.max_regions = max_regions
         self._regions: dict[str, Region] = {}
+        # the CUDA regions (same namespace), set by the data plane
+        self.cuda: CudaSharedMemoryRegistry | None = None
+
+    def names(self) -> Collection[str]:
+        """The registered regions' names."""
+        return self._regions.keys()
 
     def _check_enabled(self) -> None:
         if not self.enabled:
@@ -48,7 +68,7 @@ class SharedMemoryRegistry:
         """Refuse a registration that cannot succeed (before it is made in every worker);
         returns the object's file name."""
         self._check_enabled()
-        if name in self._regions:
+        if name in self._regions or (self.cuda is not None and self.cuda.has(name)):
             raise AlreadyExists(f"shared memory region '{name}' is already registered")
         if len(self._regions) >= self.max_regions:
             raise ResourceExhausted(
@@ -138,6 +158,36 @@ class SharedMemoryRegistry:
                 f"was given {byte_size}"
             )
         region.mapping[start : start + len(data)] = data
+
+    def read_tensor(
+        self,
+        region: str,
+        offset: int,
+        byte_size: int,
+        tensor: str,
+        datatype: str,
+        shape: list[int] | tuple[int, ...],
+        limits: Limits,
+    ) -> np.ndarray | DeviceTensor:
+        """An input from a region of either kind: numpy over a copy of system shared memory,
+        or a DeviceTensor view of a CUDA region (see flowserve/dataplane/cudashm.py)."""
+        cuda = self.cuda
+        if cuda is not None and region not in self._regions and cuda.has(region):
+            return cuda.read_tensor(region, offset, byte_size, tensor, datatype, shape, limits)
+        check_shm_size(tensor, datatype, shape, byte_size, limits)
+        return from_raw(tensor, datatype, shape, self.read(region, offset, byte_size, tensor), limits)
+
+    def write_tensor(
+        self, region: str, offset: int, byte_size: int, value: np.ndarray | DeviceTensor, tensor: str
+    ) -> int:
+        """An output into a region of either kind; returns the bytes written."""
+        cuda = self.cuda
+        if cuda is not None and region not in self._regions and cuda.has(region):
+            return cuda.write(region, offset, byte_size, value, tensor)
+        array = value if isinstance(value, np.ndarray) else to_host(value)[0]
+        data = to_raw(array)
+        self.write(region, offset, byte_size, data, tensor)
+        return len(data)
 
     def close(self) -> None:
         for region in list(self._regions.values()):

@@ -17,11 +17,12 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from flowserve.core.datatypes import DATATYPES, from_numpy
+from flowserve.core.device import tensor_map
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import DEFAULT_LIMITS, Limits, check_shape
 from flowserve.core.node import TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import check_shm_size, from_list, from_raw, to_raw
+from flowserve.core.wire import from_list, from_raw, to_raw
 from flowserve.dataplane.shm import SharedMemoryRegistry
 
 # Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
@@ -176,9 +177,9 @@ def _from_shm(tensor: Any, shm: SharedMemoryRegistry, limits: Limits) -> np.ndar
         raise InvalidArgument(f"input '{name}': give either a shared memory region or contents, not both")
     size = _shm_param(tensor, SHM_BYTE_SIZE)
     offset = _shm_param(tensor, SHM_OFFSET, 0)
-    check_shm_size(name, tensor.datatype, tensor.shape, size, limits)
-    data = shm.read(region, offset, size, name)
-    return from_raw(name, tensor.datatype, tensor.shape, data, limits)
+    # a CUDA region's input stays on its device (a DeviceTensor; flowserve/core/device.py)
+    value = shm.read_tensor(region, offset, size, name, tensor.datatype, tensor.shape, limits)
+    return tensor_map({name: value})[name]
 
 
 def shm_targets(msg: Any) -> dict[str, ShmTarget] | None:
@@ -222,11 +223,10 @@ def encode_response(
             raws.append(to_raw(array))
             continue
         region, offset, byte_size = target
-        data = to_raw(array)
-        shm.write(region, offset, byte_size, data, name)
+        written = shm.write_tensor(region, offset, byte_size, array, name)
         out = _OutputTensor(name=name, datatype=datatype, shape=array.shape)
         out.parameters[SHM_REGION].string_param = region
-        out.parameters[SHM_BYTE_SIZE].int64_param = len(data)
+        out.parameters[SHM_BYTE_SIZE].int64_param = written
         if offset:
             out.parameters[SHM_OFFSET].int64_param = offset
         outputs.append(out)

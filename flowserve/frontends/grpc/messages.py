@@ -90,6 +90,17 @@ def shm_status(regions: list[dict[str, Any]]) -> Any:
     return msg
 
 
+def cuda_shm_status(regions: list[dict[str, Any]]) -> Any:
+    msg = pb.CudaSharedMemoryStatusResponse()
+    for r in regions:
+        msg.regions[str(r["name"])].CopyFrom(
+            pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                name=r["name"], device_id=r["device_id"], byte_size=r["byte_size"]
+            )
+        )
+    return msg
+
+
 def trace_request_settings(request: Any) -> dict[str, Any]:
     """TraceSettingRequest settings: a setting with no values means "clear" (None)."""
     out: dict[str, Any] = {}

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from flowserve.core.errors import InvalidArgument, NotFound, Unsupported
+from flowserve.core.errors import InvalidArgument, Unsupported
 from flowserve.core.types import InferRequest
+from flowserve.dataplane.cudashm import NO_CUDA_SHM
 from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.grpc import messages
@@ -56,7 +57,6 @@ class _Failed:
     message: str
 
 
-NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
 
 
 def rpc(method: _Method[_S]) -> _Method[_S]:
@@ -247,22 +247,27 @@ class InferenceServicer:
         await self._plane.unregister_shm(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    # No CUDA shared memory here, answered as over HTTP: registering is UNSUPPORTED; status
-    # lists no regions (a named one is NOT_FOUND) and unregistering is a no-op, so clients that
-    # clean up every kind of region (perf_analyzer's UnregisterAllSharedMemory) succeed.
+    # CUDA shared memory (flowserve/dataplane/cudashm.py) where CUDA is present. Without it,
+    # as over HTTP: registering is UNSUPPORTED; status lists no regions (a named one is
+    # NOT_FOUND) and unregistering is a no-op, so clients that clean up every kind of region
+    # (perf_analyzer's UnregisterAllSharedMemory) succeed.
 
     @rpc
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if request.name:
-            raise NotFound(f"unable to find CUDA shared memory region: '{request.name}' ({NO_CUDA_SHM})")
-        return pb.CudaSharedMemoryStatusResponse()
+        return messages.cuda_shm_status(self._plane.cuda_shm.status(request.name))
 
     @rpc
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise Unsupported(NO_CUDA_SHM)
+        if not self._plane.cuda_shm.available:
+            raise Unsupported(NO_CUDA_SHM)
+        await self._plane.register_cuda_shm(
+            request.name, bytes(request.raw_handle), int(request.device_id), int(request.byte_size)
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @rpc
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._plane.unregister_cuda_shm(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------ trace and log settings

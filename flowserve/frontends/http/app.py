@@ -53,6 +53,7 @@ from flowserve.core.errors import (
     Unsupported,
 )
 from flowserve.dataplane.access import Restrictions
+from flowserve.dataplane.cudashm import NO_CUDA_SHM
 from flowserve.dataplane.guard import SMALL
 from flowserve.dataplane.headers import forward_headers
 from flowserve.dataplane.plane import DataPlane
@@ -81,7 +82,6 @@ JSON_IN_THREAD = 1 << 20  # JSON documents above this are parsed in a worker thr
 DEFAULT_MAX_JSON_BYTES = 32 << 20  # JSON bodies above this: 413 (use binary tensor data)
 JSON_EXPANSION = 8  # a JSON body becomes about this many times its size in Python objects
 _HELD = "flowserve.held_bytes"  # scope key: the bytes a request holds of the server's ByteBudget
-NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support); use system shared memory"
 
 
 class ClientGone(Exception):
@@ -430,23 +430,29 @@ class HttpApp:
     async def _cuda_shm(
         self, method: str, path: str, rest: list[str], scope: Scope, receive: Receive
     ) -> Reply:
-        """No CUDA shared memory here: registering is UNSUPPORTED; status lists no regions and
-        unregistering is a no-op, so clients that clean up every kind (perf_analyzer) succeed."""
+        """CUDA shared memory (flowserve/dataplane/cudashm.py) where CUDA is present. Without
+        it: registering is UNSUPPORTED; status lists no regions and unregistering is a no-op, so
+        clients that clean up every kind (perf_analyzer) succeed."""
+        cuda = self.plane.cuda_shm
         region = ""
         if len(rest) == 3 and rest[0] == "region":
             region, rest = rest[1], rest[2:]
         action = rest[0] if len(rest) == 1 else ""
         if action == "register" and region:
             _need(method, "POST", path)
-            raise Unsupported(NO_CUDA_SHM)
+            if not cuda.available:
+                raise Unsupported(NO_CUDA_SHM)
+            body = _object(await self._json_body(scope, receive, "register request"), "register request")
+            handle, device_id, byte_size = _cuda_register_body(region, body)
+            await self.plane.register_cuda_shm(region, handle, device_id, byte_size)
+            return Reply(200, [])
         if action == "status":
             _need(method, "GET", path)
-            if region:
-                raise NotFound(f"unable to find CUDA shared memory region: '{region}' ({NO_CUDA_SHM})")
-            return json_reply([])
+            return json_reply(cuda.status(region))
         if action == "unregister":
             _need(method, "POST", path)
             await self._body(read_headers(scope), receive, scope)
+            await self.plane.unregister_cuda_shm(region)
             return Reply(200, [])
         raise NotFound(f"unknown route: {method} {path}")
 
@@ -637,6 +643,27 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what}: the JSON body must be an object")
     return value
+
+
+def _cuda_register_body(region: str, body: dict[str, Any]) -> tuple[bytes, int, int]:
+    """A CUDA register request's raw handle (``{"raw_handle": {"b64": ...}}``), device id
+    and byte size, each checked with an error naming the region."""
+    where = f"register of CUDA shared memory region '{region}'"
+    raw = body.get("raw_handle")
+    encoded = raw.get("b64") if isinstance(raw, dict) else None
+    if not isinstance(encoded, str):
+        raise InvalidArgument(f"{where}: 'raw_handle' must be an object {{\"b64\": <base64 handle>}}")
+    try:
+        handle = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"{where}: 'raw_handle' is not valid base64") from None
+    device_id = body.get("device_id", 0)
+    byte_size = body.get("byte_size")
+    if not is_uint(device_id):
+        raise InvalidArgument(f"{where}: 'device_id' must be a non-negative integer")
+    if not is_uint(byte_size):
+        raise InvalidArgument(f"{where}: 'byte_size' must be a non-negative integer")
+    return handle, device_id, byte_size
 
 
 def _load_parameters(name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -19,10 +19,11 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flowserve.core.datatypes import DATATYPES, from_numpy, to_numpy
+from flowserve.core.device import tensor_map
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import check_shape
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import as_bytes, check_shm_size, from_list, from_raw, to_raw
+from flowserve.core.wire import as_bytes, from_list, from_raw, to_raw
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 
@@ -222,10 +223,13 @@ def _shm_params(name: str, region: Any, params: dict[str, Any]) -> ShmTarget:
 def _read_shm(
     plane: DataPlane, name: str, datatype: str, shape: list[int], region: Any, params: dict[str, Any]
 ) -> np.ndarray:
+    """An input from a system or CUDA shared-memory region (a CUDA one stays on its device:
+    a DeviceTensor, which the executor hands on as it is; see flowserve/core/device.py)."""
     target = _shm_params(name, region, params)
-    check_shm_size(name, datatype, shape, target.byte_size, plane.limits)
-    data = plane.shm.read(target.region, target.offset, target.byte_size, name)
-    return from_raw(name, datatype, shape, data, plane.limits)
+    tensor = plane.shm.read_tensor(
+        target.region, target.offset, target.byte_size, name, datatype, shape, plane.limits
+    )
+    return tensor_map({name: tensor})[name]
 
 
 def _requested_outputs(raw: Any, model: str, plan: ResponsePlan) -> list[RequestedOutput]:
@@ -339,7 +343,7 @@ def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePla
         spec = specs.get(name) if specs is not None else None
         if spec is not None and spec.shm is not None:
             target = spec.shm
-            plane.shm.write(target.region, target.offset, target.byte_size, to_raw(array), name)
+            plane.shm.write_tensor(target.region, target.offset, target.byte_size, array, name)
             outputs.append(entry)
             continue
         if spec is not None and spec.binary is not None:

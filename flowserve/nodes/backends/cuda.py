@@ -186,13 +186,52 @@ class IpcRegion:
                 raise RuntimeError(f"cudaIpcOpenMemHandle failed (cudaError {status})")
         self.pointer = int(pointer.value or 0)
 
-    def tensor(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    def _view(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
         """A torch tensor over ``[offset, offset + byte_size)`` of the region (no copy)."""
+        if not self.pointer:
+            raise RuntimeError("the CUDA shared memory region is closed")
         if offset < 0 or offset + byte_size > self.byte_size:
             raise ValueError(
                 f"offset {offset} + byte size {byte_size} exceeds the region's {self.byte_size} bytes"
             )
         return _CudaView(self.pointer + offset, byte_size, dtype, shape, self.device_id).as_torch(self._torch)
+
+    def tensor(
+        self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]
+    ) -> DeviceTensor:
+        """An input in the region as a DeviceTensor on its GPU (a view; no stream or event: the
+        client finished writing it before it sent the request, as Triton assumes)."""
+        view = self._view(offset, byte_size, dtype, shape)
+        where = Device("cuda", self.device_id)
+        return DeviceTensor(view, np.dtype(dtype), shape, where, ops=cuda_ops(), to_numpy=cuda_to_numpy)
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        """A host copy of ``[offset, offset + byte_size)`` (BYTES inputs)."""
+        view = self._view(offset, byte_size, np.dtype(np.uint8), (byte_size,))
+        return bytes(view.cpu().numpy().tobytes())
+
+    def write(self, offset: int, value: np.ndarray | DeviceTensor) -> None:
+        """An output copied into the region: device to device on a stream of this region's
+        device that first waits on the producer's event, host to device for a host output;
+        the host then waits for that copy's event only (the response follows)."""
+        torch = self._torch
+        ops = cuda_ops()
+        if isinstance(value, DeviceTensor) and not value.device.is_cpu and ops is not None:
+            nbytes = value.nbytes
+            target = self._view(offset, nbytes, value.dtype, value.shape)
+            stream = ops.current(Device("cuda", self.device_id))
+            source = torch_tensor(take(value, stream), torch)
+            with torch.cuda.device(self.device_id), torch.cuda.stream(stream):
+                target.copy_(source.reshape(target.shape), non_blocking=True)
+            ops.synchronize(ops.record(stream))
+            return
+        if isinstance(value, DeviceTensor):
+            array, _ = value.host()
+        else:
+            array = value
+        host = np.ascontiguousarray(array)
+        target = self._view(offset, int(host.nbytes), np.dtype(np.uint8), (int(host.nbytes),))
+        target.copy_(torch.from_numpy(host.reshape(-1).view(np.uint8)))  # synchronous host -> device
 
     def close(self) -> None:
         if self.pointer:

@@ -107,7 +107,10 @@ def test_cuda_ipc_region_round_trip() -> None:
         region = open_ipc_region(handle, 0, 256 * 4)
         try:
             view = region.tensor(0, 64 * 4, np.dtype(np.float32), (64,))
-            assert torch.equal(view.cpu(), torch.arange(64, dtype=torch.float32))
+            assert isinstance(view, DeviceTensor) and view.device == Device("cuda", 0)
+            assert torch.equal(view.value.cpu(), torch.arange(64, dtype=torch.float32))
+            region.write(0, np.full(4, 7.0, np.float32))  # host -> device into the region
+            assert region.read(0, 16) == np.full(4, 7.0, np.float32).tobytes()
         finally:
             region.close()
     finally:
