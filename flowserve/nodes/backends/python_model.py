@@ -263,14 +263,7 @@ class PythonModelBackend(BackendNode):
         while pending:
             for request in pending:
                 request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
-            try:
-                _call_execute(instance, pending)
-            except FlowserveError:
-                raise
-            except pb_utils.TritonModelException as exc:
-                raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
-            except Exception as exc:
-                raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
+            _call_execute(instance, pending)
             pending = [r for r in pending if _rescheduled(r)]
 
     def _request(self, inputs: TensorMap, ctx: Context | None) -> pb_utils.InferenceRequest:
@@ -360,14 +353,7 @@ class PythonModelBackend(BackendNode):
         sent: list[list[Any]] = [[] for _ in requests]
         for request, box in zip(requests, sent, strict=True):
             request._replies = box  # a sender over it is made if model.py asks for one
-        try:
-            responses = _call_execute(instance, requests)
-        except FlowserveError:
-            raise
-        except pb_utils.TritonModelException as exc:
-            raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
-        except Exception as exc:
-            raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
+        responses = _call_execute(instance, requests)
         if responses is None and all(len(box) == 1 for box in sent):
             responses = [box[0] for box in sent]
         if responses is None or len(responses) != len(requests):
@@ -517,15 +503,23 @@ class _as_model:  # noqa: N801 - a context manager
 
 
 def _call_execute(instance: PythonInstance, requests: list[Any]) -> Any:
-    """model.py's ``execute(requests)``; an async one runs on the instance's own loop."""
+    """model.py's ``execute(requests)``; an async one runs on the instance's own loop. What it
+    raises becomes an InternalError saying so (a FlowserveError, e.g. from BLS, as it is)."""
     if instance.module is not None:
         sys.modules["model"] = instance.module
     pb_utils.set_model_dir(instance.model_dir)
-    if instance.is_async:
-        if instance.loop is None:
-            instance.loop = asyncio.new_event_loop()
-        return instance.loop.run_until_complete(instance.model.execute(requests))
-    return instance.model.execute(requests)
+    try:
+        if instance.is_async:
+            if instance.loop is None:
+                instance.loop = asyncio.new_event_loop()
+            return instance.loop.run_until_complete(instance.model.execute(requests))
+        return instance.model.execute(requests)
+    except FlowserveError:
+        raise
+    except pb_utils.TritonModelException as exc:
+        raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
+    except Exception as exc:
+        raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
 
 
 def _uses_bls(path: Path) -> bool:
