@@ -406,6 +406,7 @@ class RayPool(InstancePool[Any]):
         self._idle: list[int] = []
         self._slots: asyncio.Semaphore | None = None
         self._held: set[int] = set()
+        self._recovering: set[asyncio.Task[None]] = set()
         self._blobs: dict[object, bytes] = {}
 
     # ------------------------------------------------------------ loading
@@ -534,7 +535,10 @@ class RayPool(InstancePool[Any]):
                 self._hold(index, waiting, slots)
             raise
         except Exception as exc:
-            raise self._call_error(index, exc) from None
+            error = self._call_error(index, exc)
+            if slots is not None and _died(exc):
+                self._recover(index, slots)
+            raise error from None
         if isinstance(result, Failure):
             raise result.exception()
         return result
@@ -553,15 +557,51 @@ class RayPool(InstancePool[Any]):
 
         waiting.add_done_callback(returned)
 
-    def _call_error(self, index: int, exc: BaseException) -> FlowserveError:
-        import ray.exceptions as rex
+    def _recover(self, index: int, slots: asyncio.Semaphore) -> None:
+        """An actor died under a call: it takes no call until Ray has restarted it and it has
+        loaded the node again (other instances serve meanwhile; with none, calls wait for it,
+        within their deadlines). An actor Ray will not restart goes back as it is: its calls
+        then fail at once with Ray's reason."""
+        if index in self._held:
+            return
+        self._held.add(index)
+        handle = self._handles[index]
 
+        async def recover() -> None:
+            delay = 0.05
+            try:
+                while self._slots is slots:
+                    try:
+                        place = await _awaitable(handle.load.remote())
+                    except Exception as exc:
+                        if not _restarting(exc):
+                            log.error(
+                                "%s: its Ray actor %d will not come back: %s", self.who, index, _short(exc)
+                            )
+                            return
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                        continue
+                    if isinstance(place, dict) and index < len(self._places):
+                        self._places[index] = place
+                    log.info("%s: its Ray actor %d is back (pid %s)", self.who, index, place.get("pid"))
+                    return
+            finally:
+                self._held.discard(index)
+                if self._slots is slots:  # not closed meanwhile
+                    self._idle.append(index)
+                    slots.release()
+
+        task = asyncio.ensure_future(recover())
+        self._recovering.add(task)
+        task.add_done_callback(self._recovering.discard)
+
+    def _call_error(self, index: int, exc: BaseException) -> FlowserveError:
         place = self._places[index] if index < len(self._places) else {}
         where = f"instance {index} of {len(self._handles)}"
         if place:
             where += f", pid {place['pid']} on Ray node {str(place['node_id'])[:8]}"
-        died = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError)
-        if isinstance(exc, died):
+        if _died(exc):
             restarts = self.ray_spec.max_restarts
             again = "always" if restarts < 0 else f"up to {restarts} times"
             return Unavailable(
@@ -592,6 +632,8 @@ class RayPool(InstancePool[Any]):
         """Stop each actor's copy of the node (its finalize / unload) and end the actors."""
         handles, self._handles = self._handles, []
         self._slots = None
+        for task in list(self._recovering):
+            task.cancel()
         self._idle.clear()
         self._places.clear()
         self._held.clear()
@@ -602,6 +644,22 @@ class RayPool(InstancePool[Any]):
             _kill(handle)
 
         await asyncio.gather(*(stop(h) for h in handles))
+
+
+def _died(exc: BaseException) -> bool:
+    """Whether a call failed because its actor (its process or its node) died."""
+    import ray.exceptions as rex
+
+    return isinstance(
+        exc, rex.RayActorError | rex.WorkerCrashedError | rex.ObjectLostError | rex.NodeDiedError
+    )
+
+
+def _restarting(exc: BaseException) -> bool:
+    """Whether a call failed because its actor is being restarted (or is unreachable for now)."""
+    import ray.exceptions as rex
+
+    return isinstance(exc, rex.ActorUnavailableError)
 
 
 async def _awaitable(ref: Any) -> Any:
