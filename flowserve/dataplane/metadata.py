@@ -37,6 +37,14 @@ EXTENSIONS = [
 ]
 
 
+def extensions(cuda_shared_memory: bool = False) -> list[str]:
+    """The extensions to report: ``cuda_shared_memory`` too where CUDA shared memory works."""
+    if not cuda_shared_memory:
+        return EXTENSIONS
+    at = EXTENSIONS.index("system_shared_memory") + 1
+    return [*EXTENSIONS[:at], "cuda_shared_memory", *EXTENSIONS[at:]]
+
+
 def server_metadata(version: str, extensions: list[str] | None = None) -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": version, "extensions": extensions or EXTENSIONS}
 

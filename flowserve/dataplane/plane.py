@@ -139,7 +139,8 @@ class DataPlane:
         return self.engine.ready() and (self.peers is None or self.peers.all_ready())
 
     def server_metadata(self) -> dict[str, Any]:
-        return metadata.server_metadata(VERSION)
+        cuda = self.cuda_shm.available and self.cuda_shm.enabled  # said only where it works
+        return metadata.server_metadata(VERSION, metadata.extensions(cuda_shared_memory=cuda))
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.engine.model_ready(name, version)

@@ -94,6 +94,9 @@ async def test_register_status_unregister(served: Served, protocol: str) -> None
 
 
 def _register_status_unregister(c: Any, served: Served, protocol: str) -> None:
+    meta = c.get_server_metadata()
+    extensions = meta["extensions"] if protocol == "http" else list(meta.extensions)
+    assert "cuda_shared_memory" in extensions  # said where it works (here: the CI seam)
     a, b = np.zeros(128, np.uint8), np.zeros(256, np.uint8)
     c.register_cuda_shared_memory("a", handle_b64(served.opener, a), 0, 128)
     c.register_cuda_shared_memory("b", handle_b64(served.opener, b), 0, 256)
