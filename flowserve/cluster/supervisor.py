@@ -63,6 +63,11 @@ class WorkerProcess:
         return f"worker {self.index} (pid {pid})"
 
 
+_SYSTEM = ("register_shm", "unregister_shm")
+_CUDA = ("register_cuda_shm", "unregister_cuda_shm")
+_REGION_OPS = {op: kinds for kinds in (_SYSTEM, _CUDA) for op in kinds}
+
+
 def compact(changes: list[tuple[str, dict[str, Any]]], op: str, args: dict[str, Any]) -> None:
     """Add a change, dropping the ones it makes moot: a model's load or unload replaces the
     earlier ones of that model; a region's register or unregister the earlier ones of that
@@ -86,14 +91,13 @@ def compact(changes: list[tuple[str, dict[str, Any]]], op: str, args: dict[str, 
                 and set(c[1]["settings"]) == {"trace_count"}
             )
         ]
-    elif op in ("register_shm", "unregister_shm"):
+    elif op in _REGION_OPS:
+        kinds = _REGION_OPS[op]  # system and CUDA regions each replace their own kind's
         region = args.get("name", "")
         changes[:] = [
-            c
-            for c in changes
-            if not (c[0] in ("register_shm", "unregister_shm") and (not region or c[1].get("name") == region))
+            c for c in changes if not (c[0] in kinds and (not region or c[1].get("name") == region))
         ]
-        if op == "unregister_shm":
+        if op.startswith("unregister"):
             return  # nothing left to replay for it
     changes.append((op, args))
 
