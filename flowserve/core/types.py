@@ -24,6 +24,9 @@ class InferRequest:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     outputs: list[RequestedOutput] | None = None
+    # outputs the caller takes where the graph made them (written into CUDA shared memory
+    # device to device); every other output is numpy
+    keep_device: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)

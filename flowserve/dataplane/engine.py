@@ -166,7 +166,7 @@ class Engine:
         wanted = self._check_requested(servable, request)
         ctx = self._context(request.id, request.parameters)
         ctx.trace = trace
-        outputs = await servable.infer(request.inputs, ctx)
+        outputs = await servable.infer(request.inputs, ctx, keep=request.keep_device)
         return self._response(servable, request, outputs, wanted)
 
     async def stream_request(

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, Unsupported
 from flowserve.core.limits import Limits as Limits  # re-exported: the plane holds them
 from flowserve.core.node import Span
@@ -180,7 +182,7 @@ class DataPlane:
         :meth:`Peers.spill_target`), so the requests of one connection use every worker."""
         model = request.model
         peers = self.peers
-        if spill and peers is not None:
+        if spill and peers is not None and _movable(request):
             target = peers.spill_target(model, self.admission.of(model))
             if target is not None:
                 return await peers.spill(target, request)
@@ -626,3 +628,9 @@ def _refuse_file_change(settings: dict[str, Any], key: str, current: str, kind: 
         f"{kind} file location can not be updated through network protocol: '{key}' is set only "
         f"on the command line ({'--trace-config triton,file=PATH' if kind == 'trace' else '--log-file PATH'})"
     )
+
+
+def _movable(request: InferRequest) -> bool:
+    """Whether a request may run in another worker: not one whose tensors live on a GPU
+    (inputs read from, or outputs kept for, CUDA shared memory): they stay in this process."""
+    return not request.keep_device and all(isinstance(v, np.ndarray) for v in request.inputs.values())

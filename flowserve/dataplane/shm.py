@@ -16,7 +16,7 @@ import contextlib
 import mmap
 import os
 import stat
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -176,6 +176,14 @@ class SharedMemoryRegistry:
             return cuda.read_tensor(region, offset, byte_size, tensor, datatype, shape, limits)
         check_shm_size(tensor, datatype, shape, byte_size, limits)
         return from_raw(tensor, datatype, shape, self.read(region, offset, byte_size, tensor), limits)
+
+    def on_device(self, targets: Iterable[tuple[str, str]]) -> frozenset[str]:
+        """Of ``(output, region)`` pairs, the outputs that go to CUDA regions: the engine
+        leaves them where the graph made them, to be copied device to device."""
+        cuda = self.cuda
+        if cuda is None or not cuda.available:
+            return frozenset()
+        return frozenset(n for n, r in targets if r not in self._regions and cuda.has(r))
 
     def write_tensor(
         self, region: str, offset: int, byte_size: int, value: np.ndarray | DeviceTensor, tensor: str

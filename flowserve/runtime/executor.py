@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,12 +143,15 @@ class Executor:
     def decoupled(self) -> bool:
         return any(self._decoupled)
 
-    async def run(self, inputs: TensorMap, ctx: Context, host: bool = True) -> TensorMap:
-        """The graph's outputs for one request: numpy (``host``, for a front end) or the
-        tensors as the nodes made them (for a graph step that passes them on)."""
+    async def run(
+        self, inputs: TensorMap, ctx: Context, host: bool = True, keep: Collection[str] = ()
+    ) -> TensorMap:
+        """The graph's outputs for one request: numpy (``host``, for a front end; but the
+        outputs named in ``keep`` as they are, e.g. for CUDA shared memory) or the tensors as
+        the nodes made them (for a graph step that passes them on)."""
         single = self._single
         if single is not None and single.keys.issubset(inputs):
-            return await self._run_single(single, inputs, ctx, host)
+            return await self._run_single(single, inputs, ctx, host, keep)
         flow = Flow(self.plan)
         env: dict[str, np.ndarray] = {f"${k}": v for k, v in inputs.items()}
         deferred = await self._drive(flow, env, ctx, flow.start(env))
@@ -158,10 +161,10 @@ class Executor:
                 f"graph '{self.plan.name}' has decoupled node(s) {names}: use the streaming API "
                 "(gRPC ModelStreamInfer or HTTP generate_stream)"
             )
-        return self._finish(flow, env, ctx, host)
+        return self._finish(flow, env, ctx, host, keep)
 
     async def _run_single(
-        self, single: _SingleNode, inputs: TensorMap, ctx: Context, host: bool
+        self, single: _SingleNode, inputs: TensorMap, ctx: Context, host: bool, keep: Collection[str]
     ) -> TensorMap:
         """The one node of a one-node plan whose inputs are all given: no dataflow to decide
         (a model or a one-step graph; most requests), so no per-request Flow or tensor keys."""
@@ -171,12 +174,11 @@ class Executor:
         outputs = await self._call_node(0, given, ctx)
         result = {name: outputs[produced] for name, produced in single.outputs if produced in outputs}
         if host:
-            for value in result.values():
-                if type(value) is not np.ndarray:
-                    result, copied = host_map(result)
+            for name, value in result.items():
+                if type(value) is not np.ndarray and name not in keep:
+                    result[name], copied = to_host(value)
                     if copied:
                         self.stats[0].add_copied(copied)
-                    break
         return result
 
     def copy_edges(self, on: bool) -> None:
@@ -302,7 +304,9 @@ class Executor:
                 await asyncio.gather(*pending, return_exceptions=True)
         return deferred
 
-    def _finish(self, flow: Flow, env: dict[str, np.ndarray], ctx: Context, host: bool) -> TensorMap:
+    def _finish(
+        self, flow: Flow, env: dict[str, np.ndarray], ctx: Context, host: bool, keep: Collection[str] = ()
+    ) -> TensorMap:
         plan = self.plan
         for name in flow.skipped:
             self.stats[plan.node(name).index].skipped += 1
@@ -314,7 +318,7 @@ class Executor:
             key = flow.output_key(out.keys)
             if key:
                 value = env[key]
-                if host and type(value) is not np.ndarray:
+                if host and type(value) is not np.ndarray and out.name not in keep:
                     value, copied = to_host(value)
                     producer = self._producer.get(key)
                     if producer is not None and copied:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
 from flowserve.core.clock import MONOTONIC, Clock
@@ -50,10 +50,13 @@ class Servable:
     def platform(self) -> str:
         return str(self.config.platform or self.config.backend)
 
-    async def infer(self, inputs: TensorMap, ctx: Context, host: bool = True) -> TensorMap:
+    async def infer(
+        self, inputs: TensorMap, ctx: Context, host: bool = True, keep: Collection[str] = ()
+    ) -> TensorMap:
         """Validate the request, run it, and count it. The outputs are numpy (``host``, for a
-        front end) or the tensors as the graph made them (torch, OrtValue, on a GPU or not:
-        for a graph step that hands them on; see flowserve/core/device.py)."""
+        front end, but those named in ``keep``, which go to CUDA shared memory as they are) or
+        the tensors as the graph made them (torch, OrtValue, on a GPU or not: for a graph step
+        that hands them on; see flowserve/core/device.py)."""
         clock = self.clock
         start = clock.now_ns()
         stats = self.stats
@@ -62,7 +65,7 @@ class Servable:
         key = b""
         looked = start
         if cache is not None:
-            host = True  # a cached answer is numpy; so is what its key is made of
+            host, keep = True, ()  # a cached answer is numpy; so is what its key is made of
             inputs = host_map(inputs)[0]
             key = cache_key(self.name, self.version, inputs)
             hit = cache.get(key)
@@ -73,7 +76,7 @@ class Servable:
                 return hit
         stats.pending += 1
         try:
-            outputs = await self.executor.run(inputs, ctx, host)
+            outputs = await self.executor.run(inputs, ctx, host, keep)
         except BaseException as exc:
             stats.record_request(False, clock.now_ns() - start, exc)
             raise

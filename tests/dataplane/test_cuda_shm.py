@@ -46,11 +46,43 @@ class Served:
     grpc: str
 
 
+# a graph whose one node takes tensors as they come and hands its input back: its output is
+# the region's own device tensor, which goes into an output region device to device
+PASS_NODE = """
+from flowserve.core.device import Device, DeviceTensor
+
+
+class Pass:
+    tensors = "dlpack"
+    outputs = {"y": {"datatype": "INT32", "dims": [-1, 16]}}
+
+    def execute(self, inputs):
+        buffer = inputs["x"]  # the fake device's memory (a torch CUDA tensor on a GPU)
+        device = Device("cuda", 0)
+        return {"y": DeviceTensor(buffer, buffer.dtype, buffer.shape, device, stream=buffer.stream)}
+"""
+
+PASS_GRAPH = """
+name: cs_pass
+inputs:
+  x: {datatype: INT32, dims: [-1, 16]}
+outputs:
+  y: keep.y
+nodes:
+  keep: {python: "cs_pass_node:Pass", inputs: {x: $x}}
+"""
+
+
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
+async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
     repo = tmp_path / "models"
     shutil.copytree(ROOT / "model_repository" / "simple", repo / "simple")
-    engine = await Engine.start([repo])
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    (graphs / "cs_pass.yaml").write_text(PASS_GRAPH)
+    (tmp_path / "cs_pass_node.py").write_text(PASS_NODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine = await Engine.start([repo], [graphs])
     opener = HostMemoryOpener()
     plane = DataPlane(engine, SharedMemoryRegistry(), cuda_shm=CudaSharedMemoryRegistry(opener))
     http = await start_http(plane, "127.0.0.1", 0)
@@ -177,6 +209,34 @@ def _infer_from_and_into_cuda_regions(c: Any, served: Served, protocol: str) -> 
     device = served.opener.device
     assert [n for _, n in device.ops("to_host")] == [SIZE, SIZE]
     assert [e[2] for e in device.ops("upload")] == [SIZE, SIZE]  # outputs host -> "device"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+async def test_an_output_left_on_the_device_goes_into_its_region_device_to_device(
+    served: Served, protocol: str
+) -> None:
+    await asyncio.to_thread(_with_client, served, protocol, _device_to_device)
+
+
+def _device_to_device(c: Any, served: Served, protocol: str) -> None:
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    ins = x.reshape(-1).view(np.uint8).copy()
+    outs = np.zeros(SIZE, np.uint8)
+    c.register_cuda_shared_memory("in", handle_b64(served.opener, ins), 0, SIZE)
+    c.register_cuda_shared_memory("out", handle_b64(served.opener, outs), 0, SIZE)
+    module = httpclient if protocol == "http" else grpcclient
+    i = module.InferInput("x", [1, 16], "INT32")
+    i.set_shared_memory("in", SIZE)
+    o = module.InferRequestedOutput("y")
+    o.set_shared_memory("out", SIZE)
+    result = c.infer("cs_pass", [i], outputs=[o])
+    assert result.get_output("y") is not None
+    np.testing.assert_array_equal(outs.view(np.int32), x.reshape(-1))
+    device = served.opener.device
+    # never through the host: no host copy, no upload; the copy read the tensor on its stream
+    assert device.ops("to_host") == [] and device.ops("upload") == []
+    assert served.plane.engine.registry.get("cs_pass").executor.stats[0].bytes_copied == 0
+    c.unregister_cuda_shared_memory()
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -19,7 +19,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flowserve.core.datatypes import DATATYPES, from_numpy, to_numpy
-from flowserve.core.device import tensor_map
+from flowserve.core.device import DeviceTensor, tensor_map
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import check_shape
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
@@ -102,6 +102,10 @@ def decode_request(
     requested = header.get("outputs")
     wanted = None if requested is None else _requested_outputs(requested, model, plan)
     request = InferRequest(model, tensors, version, request_id, parameters, wanted)
+    if plan.outputs and plane.shm.cuda is not None:  # outputs into CUDA regions stay on the device
+        request.keep_device = plane.shm.on_device(
+            (name, spec.shm.region) for name, spec in plan.outputs.items() if spec.shm is not None
+        )
     return request, plan
 
 
@@ -337,7 +341,7 @@ def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePla
     blobs: list[bytes] = []
     specs = plan.outputs
     for name, value in response.outputs.items():
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        array = value if isinstance(value, np.ndarray | DeviceTensor) else np.asarray(value)
         datatype = from_numpy(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         spec = specs.get(name) if specs is not None else None
