@@ -108,6 +108,7 @@ class Prober:
         self.slowest = 0.0
         self.answers = 0
         self._task: asyncio.Task[None] | None = None
+        self._stop = False
 
     async def __aenter__(self) -> Prober:
         reader, writer = await self.served.open()
@@ -116,7 +117,10 @@ class Prober:
 
     async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while True:
+            # a flag as well as the cancel: Python 3.11's asyncio.wait_for (read_response's)
+            # may swallow a cancellation that arrives as its read completes, and the loop
+            # would run on forever
+            while not self._stop:
                 started = time.monotonic()
                 writer.write(request("GET", "/v2/health/live"))
                 assert (await read_response(reader))[0] == 200
@@ -128,6 +132,7 @@ class Prober:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
+        self._stop = True
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
