@@ -33,6 +33,7 @@ from flowserve.core.device import DeviceTensor, FakeBuffer, FakeDevice, to_host
 from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unsupported
 from flowserve.core.limits import Limits
 from flowserve.core.wire import check_shm_size, from_raw, to_raw
+from flowserve.dataplane.shm import check_span
 
 log = logging.getLogger("flowserve")
 
@@ -187,11 +188,7 @@ class CudaSharedMemoryRegistry:
         registered = self._regions.get(name)
         if registered is None:
             raise NotFound(f"tensor '{tensor}': unable to find CUDA shared memory region: '{name}'")
-        if offset < 0 or byte_size < 0 or offset + byte_size > registered.byte_size:
-            raise InvalidArgument(
-                f"tensor '{tensor}': CUDA shared memory region '{name}' has {registered.byte_size} "
-                f"bytes, offset {offset} + byte_size {byte_size} does not fit"
-            )
+        check_span("CUDA shared memory", name, registered.byte_size, offset, byte_size, tensor)
         return registered
 
     def read_tensor(

@@ -139,11 +139,7 @@ class SharedMemoryRegistry:
         region = self._regions.get(name)
         if region is None:
             raise NotFound(f"tensor '{tensor}': unable to find system shared memory region: '{name}'")
-        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-            raise InvalidArgument(
-                f"tensor '{tensor}': shared memory region '{name}' has {region.byte_size} bytes, "
-                f"offset {offset} + byte_size {byte_size} does not fit"
-            )
+        check_span("shared memory", name, region.byte_size, offset, byte_size, tensor)
         return region, region.offset + offset
 
     def read(self, name: str, offset: int, byte_size: int, tensor: str) -> bytes:
@@ -200,3 +196,12 @@ class SharedMemoryRegistry:
     def close(self) -> None:
         for region in list(self._regions.values()):
             self.unregister(region.name)
+
+
+def check_span(kind: str, name: str, size: int, offset: int, byte_size: int, tensor: str) -> None:
+    """``offset`` + ``byte_size`` must lie within a region of ``size`` bytes (either kind)."""
+    if offset < 0 or byte_size < 0 or offset + byte_size > size:
+        raise InvalidArgument(
+            f"tensor '{tensor}': {kind} region '{name}' has {size} bytes, "
+            f"offset {offset} + byte_size {byte_size} does not fit"
+        )

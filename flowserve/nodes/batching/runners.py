@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from flowserve.core.clock import Clock
 from flowserve.core.node import Context, Node, TensorMap
@@ -132,8 +132,20 @@ def batch_context(contexts: Sequence[Context]) -> Context:
     )
 
 
-class InstanceRunner:
-    def __init__(self, node: BatchExecutor, clock: Clock) -> None:
+class _Instances(Protocol):
+    name: str
+
+    @property
+    def instance_count(self) -> int: ...
+
+
+N = TypeVar("N", bound=_Instances)
+
+
+class _OnInstances(Generic[N]):
+    """Runs batches on a node's instances: as many at once as it has."""
+
+    def __init__(self, node: N, clock: Clock) -> None:
         self.node = node
         self.clock = clock
 
@@ -141,6 +153,8 @@ class InstanceRunner:
     def capacity(self) -> int:
         return max(1, self.node.instance_count)
 
+
+class InstanceRunner(_OnInstances[BatchExecutor]):
     def runs_inline(self) -> bool:
         """Whether the next batch will run on the event loop, start to end (never suspending)."""
         probe = getattr(self.node, "runs_inline", None)
@@ -159,15 +173,7 @@ class InstanceRunner:
         return check_split(results, rows, self.node.name)
 
 
-class StreamRunner:
-    def __init__(self, node: StreamBatchExecutor, clock: Clock) -> None:
-        self.node = node
-        self.clock = clock
-
-    @property
-    def capacity(self) -> int:
-        return max(1, self.node.instance_count)
-
+class StreamRunner(_OnInstances[StreamBatchExecutor]):
     def runs_inline(self) -> bool:
         return False  # execute() of a decoupled model may block (its examples sleep)
 
