@@ -304,16 +304,7 @@ class TensorRTBackend(BackendNode):
         cuda, context, stream = instance.cuda, instance.context, instance.stream
         cuda.use_device(instance.device)
         shapes = {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()}
-        if instance.profiles:
-            chosen = select_profile(shapes, instance.profiles)
-            if chosen < 0:
-                raise InvalidArgument(
-                    f"model '{self.model.name}': input shapes {shapes} fit no optimization profile of "
-                    f"the engine ({instance.profiles})"
-                )
-            if chosen != instance.profile:
-                context.set_optimization_profile_async(chosen, stream.value or 0)
-                instance.profile = chosen
+        self._select(instance, shapes)
         for name in instance.inputs:
             if name not in inputs:
                 raise InvalidArgument(f"model '{self.model.name}': engine input '{name}' is missing")
