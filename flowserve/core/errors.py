@@ -103,6 +103,28 @@ class NodeError(InternalError):
         super().__init__(f"{where}: {detail}")
 
 
+def error_class(code: ErrorCode) -> type[FlowserveError]:
+    """The error class that carries ``code`` (for codes that arrive as data: a python model's
+    TritonError, a worker's reply)."""
+    return _BY_CODE.get(code, InternalError)
+
+
+_BY_CODE: dict[ErrorCode, type[FlowserveError]] = {
+    cls.code: cls
+    for cls in (
+        FlowserveError,
+        InvalidArgument,
+        NotFound,
+        Unavailable,
+        Unsupported,
+        InternalError,
+        AlreadyExists,
+        Cancelled,
+        ResourceExhausted,
+    )
+}
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, FlowserveError):
         return exc.message

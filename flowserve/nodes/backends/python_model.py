@@ -33,14 +33,11 @@ import numpy as np
 
 from flowserve.core.datatypes import to_numpy
 from flowserve.core.errors import (
-    AlreadyExists,
-    Cancelled,
+    ErrorCode,
     FlowserveError,
     InternalError,
     InvalidArgument,
-    NotFound,
-    Unavailable,
-    Unsupported,
+    error_class,
 )
 from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
@@ -56,18 +53,6 @@ from flowserve.spec.triton import config_to_json
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
 log = logging.getLogger("flowserve.python_model")
-
-# a TritonError's code -> the flowserve error (so HTTP and gRPC answer with Triton's status)
-_ERRORS: dict[int, type[FlowserveError]] = {
-    pb_utils.TritonError.UNKNOWN: FlowserveError,
-    pb_utils.TritonError.INTERNAL: InternalError,
-    pb_utils.TritonError.NOT_FOUND: NotFound,
-    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
-    pb_utils.TritonError.UNAVAILABLE: Unavailable,
-    pb_utils.TritonError.UNSUPPORTED: Unsupported,
-    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
-    pb_utils.TritonError.CANCELLED: Cancelled,
-}
 
 
 class EngineLink:
@@ -369,7 +354,8 @@ class PythonModelBackend(BackendNode):
             )
         error = response.error()
         if error is not None:
-            kind = _ERRORS.get(error.code(), InternalError)
+            # a TritonError's code -> the matching error (HTTP and gRPC answer Triton's status)
+            kind = error_class(pb_utils.ERROR_CODES.get(error.code(), ErrorCode.INTERNAL))
             raise kind(error.message())
         out = {t.name(): t.as_numpy() for t in response.output_tensors()}
         declared = self._declared
