@@ -207,8 +207,7 @@ class PythonModelBackend(BackendNode):
         finally:
             # the stream ended before the final response (the client went away, an error):
             # the model sees is_cancelled() and may stop early, as in Triton
-            if sink.cancel is not None:
-                sink.cancel()
+            sink.leave()
             await running
         self.stats.record_execution(1, 0, self.clock.now_ns() - start, 0)
 

@@ -250,8 +250,7 @@ class Batcher(Node):
         finally:
             if not final:  # the caller went away or the request failed
                 self._queue.remove(entry)
-                if sink.cancel is not None:
-                    sink.cancel()
+                sink.leave()
 
     def _alone(self) -> bool:
         """Whether a request that could run at once should (module docstring, "At once")."""

@@ -73,21 +73,43 @@ class BatchExecutor(Protocol):
 
 class StreamSink:
     """One streamed request's responses: put from any thread (the model's sender), read by the
-    request's caller with :meth:`responses` until the final flag or an error."""
+    request's caller with :meth:`responses` until the final flag or an error. Once the caller
+    has left (:meth:`leave`), what the model still sends is dropped, not held."""
 
-    __slots__ = ("_loop", "_queue", "cancel")
+    __slots__ = ("_gone", "_loop", "_queue", "cancel")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[tuple[TensorMap | None, bool] | BaseException] = asyncio.Queue()
+        self._gone = False
         # set by the node that runs the request: tells the model nobody reads further responses
         self.cancel: Callable[[], None] | None = None
 
     def put(self, outputs: TensorMap | None, final: bool) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (outputs, final))
+        if not self._gone:
+            self._loop.call_soon_threadsafe(self._put, (outputs, final))
 
     def fail(self, error: BaseException) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, error)
+        if not self._gone:
+            self._loop.call_soon_threadsafe(self._put, error)
+
+    def _put(self, item: tuple[TensorMap | None, bool] | BaseException) -> None:
+        if not self._gone:  # (on the loop) left since it was sent
+            self._queue.put_nowait(item)
+
+    def leave(self) -> None:
+        """The caller stops reading (on the loop): drop what is queued and what comes later,
+        and tell the model (its ``is_cancelled()``)."""
+        self._gone = True
+        queue = self._queue
+        while not queue.empty():
+            queue.get_nowait()
+        if self.cancel is not None:
+            self.cancel()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
 
     async def responses(self) -> AsyncGenerator[TensorMap, None]:
         queue = self._queue
