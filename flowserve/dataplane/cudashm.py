@@ -118,6 +118,11 @@ class CudaSharedMemoryRegistry:
     def has(self, name: str) -> bool:
         return name in self._regions
 
+    @property
+    def in_use(self) -> bool:
+        """Whether any region is registered (a request can only name one then)."""
+        return bool(self._regions)
+
     # ------------------------------------------------------------------ registration
 
     def check_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:

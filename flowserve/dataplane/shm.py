@@ -173,6 +173,13 @@ class SharedMemoryRegistry:
         check_shm_size(tensor, datatype, shape, byte_size, limits)
         return from_raw(tensor, datatype, shape, self.read(region, offset, byte_size, tensor), limits)
 
+    @property
+    def cuda_in_use(self) -> bool:
+        """Whether a CUDA region is registered: the front ends look for CUDA targets only then
+        (a request's outputs cost nothing more when none is)."""
+        cuda = self.cuda
+        return cuda is not None and cuda.in_use
+
     def on_device(self, targets: Iterable[tuple[str, str]]) -> frozenset[str]:
         """Of ``(output, region)`` pairs, the outputs that go to CUDA regions: the engine
         leaves them where the graph made them, to be copied device to device."""

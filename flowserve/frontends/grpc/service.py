@@ -88,7 +88,7 @@ class InferenceServicer:
         try:
             request = decode_request(msg, self._shm, self._plane.limits)
             targets = shm_targets(msg) if msg.outputs else None
-            if targets and self._shm.cuda is not None:  # outputs into CUDA regions stay on the device
+            if targets and self._shm.cuda_in_use:  # outputs into CUDA regions stay on the device
                 request.keep_device = self._shm.on_device((n, t[0]) for n, t in targets.items())
         except InvalidArgument as exc:
             # an unknown model or version is reported as such, whatever its payload

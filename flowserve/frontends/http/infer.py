@@ -102,7 +102,7 @@ def decode_request(
     requested = header.get("outputs")
     wanted = None if requested is None else _requested_outputs(requested, model, plan)
     request = InferRequest(model, tensors, version, request_id, parameters, wanted)
-    if plan.outputs and plane.shm.cuda is not None:  # outputs into CUDA regions stay on the device
+    if plan.outputs and plane.shm.cuda_in_use:  # outputs into CUDA regions stay on the device
         request.keep_device = plane.shm.on_device(
             (name, spec.shm.region) for name, spec in plan.outputs.items() if spec.shm is not None
         )
