@@ -653,10 +653,7 @@ def _cuda_register_body(region: str, body: dict[str, Any]) -> tuple[bytes, int, 
     encoded = raw.get("b64") if isinstance(raw, dict) else None
     if not isinstance(encoded, str):
         raise InvalidArgument(f"{where}: 'raw_handle' must be an object {{\"b64\": <base64 handle>}}")
-    try:
-        handle = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument(f"{where}: 'raw_handle' is not valid base64") from None
+    handle = _base64(encoded, f"{where}: 'raw_handle'")
     device_id = body.get("device_id", 0)
     byte_size = body.get("byte_size")
     if not is_uint(device_id):
@@ -676,12 +673,16 @@ def _load_parameters(name: str, params: dict[str, Any]) -> dict[str, Any]:
         elif key.startswith("file:"):
             if not isinstance(value, str):
                 raise InvalidArgument(f"load of '{name}': '{key}' must be a base64 string")
-            try:
-                value = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidArgument(f"load of '{name}': '{key}' is not valid base64") from None
+            value = _base64(value, f"load of '{name}': '{key}'")
         out[key] = value
     return out
+
+
+def _base64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"{what} is not valid base64") from None
 
 
 # ------------------------------------------------------------------ compression
