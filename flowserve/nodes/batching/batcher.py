@@ -147,12 +147,15 @@ class Batcher(Node):
         self._queue: PriorityQueue[_Call] = PriorityQueue(levels, default_level, bound)
         self.model_stats = stats
         self.node_stats = NodeStats()
-        if runner is None:
-            if isinstance(inner, BatchExecutor):
-                runner = InstanceRunner(inner, clock)  # the backend counts its merges itself
-            else:
-                runner = NodeRunner(inner, clock, ragged, capacity, meter=self.node_stats)
-        self.runner: BatchRunner | StreamRunner = self._streams or runner
+        self.runner: BatchRunner | StreamRunner
+        if self._streams is not None:
+            self.runner = self._streams
+        elif runner is not None:
+            self.runner = runner
+        elif isinstance(inner, BatchExecutor):
+            self.runner = InstanceRunner(inner, clock)  # the backend counts its merges itself
+        else:
+            self.runner = NodeRunner(inner, clock, ragged, capacity, meter=self.node_stats)
         self._preserve = spec.preserve_ordering
         self._order: deque[_Batch] = deque()
         self._wake = asyncio.Event()
