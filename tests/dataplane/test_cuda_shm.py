@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from flowserve.core.device import DeviceTensor
-from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
+from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unsupported
 from flowserve.core.limits import Limits
 from flowserve.dataplane.cudashm import NO_CUDA_SHM, CudaSharedMemoryRegistry, HostMemoryOpener
 from flowserve.dataplane.engine import Engine
@@ -287,6 +287,19 @@ async def test_one_namespace_with_system_shared_memory(served: Served, tmp_path:
     finally:
         system.close()
         system.unlink()
+
+
+def test_the_number_of_cuda_regions_is_bounded() -> None:
+    opener = HostMemoryOpener()
+    registry = CudaSharedMemoryRegistry(opener, max_regions=2)
+    buffers = [np.zeros(64, np.uint8) for _ in range(3)]
+    registry.register("a", opener.export(buffers[0]), 0, 64)
+    registry.register("b", opener.export(buffers[1]), 0, 64)
+    with pytest.raises(ResourceExhausted, match="region 'c': 2 CUDA regions are registered"):
+        registry.register("c", opener.export(buffers[2]), 0, 64)
+    registry.unregister("a")
+    registry.register("c", opener.export(buffers[2]), 0, 64)  # room again
+    assert sorted(r["name"] for r in registry.status("")) == ["b", "c"]
 
 
 def test_a_cuda_input_is_a_device_tensor_view_of_the_region() -> None:
