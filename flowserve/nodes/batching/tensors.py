@@ -27,12 +27,12 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from flowserve.core.device import DeviceTensor, concat_on_device, edges, to_host
+from flowserve.core.device import DeviceTensor, concat_on_device, to_host
 from flowserve.core.errors import InternalError, InvalidArgument
 from flowserve.core.node import TensorMap
 
@@ -48,13 +48,17 @@ Key = tuple[tuple[str, str, tuple[int, ...] | None], ...]
 
 _NO_RAGGED: frozenset[str] = frozenset()
 
+# a request's tensors as a batcher sees them: numpy, or DLPack tensors as they came (read only
+# here, so a node's TensorMap is one without a cast on the request path)
+Tensors = Mapping[str, np.ndarray | DeviceTensor]
 
-def request_rows(inputs: TensorMap, node: str) -> int:
+
+def request_rows(inputs: Tensors, node: str) -> int:
     """The batch size of one request: the first dimension every input shares."""
     if not inputs:
         raise InvalidArgument(f"node '{node}' batches requests by rows, but this one has no inputs")
     rows = -1
-    for name, array in edges(inputs).items():
+    for name, array in inputs.items():
         if not isinstance(array, np.ndarray | DeviceTensor) or array.ndim == 0:
             raise InvalidArgument(
                 f"node '{node}' batches along the first dimension, but input '{name}' has none"
@@ -77,12 +81,12 @@ def _datatype(array: np.ndarray | DeviceTensor) -> str:
     return array.dtype.str
 
 
-def request_key(inputs: TensorMap, ragged: frozenset[str] = _NO_RAGGED) -> Key:
+def request_key(inputs: Tensors, ragged: frozenset[str] = _NO_RAGGED) -> Key:
     """What two requests must share to be merged into one batch."""
     return tuple(
         sorted(
             (name, _datatype(a), None if name in ragged else tuple(a.shape[1:]))
-            for name, a in edges(inputs).items()
+            for name, a in inputs.items()
         )
     )
 
