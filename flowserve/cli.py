@@ -198,6 +198,8 @@ def _check_bounds(args: argparse.Namespace) -> None:
     for flag in (
         "max_connections",
         "max_buffered_request_bytes",
+        "max_connections_per_peer",
+        "max_unsent_response_bytes",
         "http_idle_timeout_secs",
         "http_body_timeout_secs",
         "grpc_handshake_timeout_secs",
@@ -330,6 +332,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.exit_timeout_secs,
         max_connections=args.max_connections,
         max_buffered_request_bytes=args.max_buffered_request_bytes,
+        max_connections_per_peer=args.max_connections_per_peer,
+        max_unsent_response_bytes=args.max_unsent_response_bytes,
         log_file=args.log_file or "",
         http_idle_timeout_s=args.http_idle_timeout_secs,
         http_body_timeout_s=args.http_body_timeout_secs,
@@ -631,8 +635,17 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         type=int,
         default=d.max_connections,
         metavar="N",
-        help="open connections per listener (HTTP, gRPC, metrics); more are closed at once and logged "
-        "(0: no cap)",
+        help="open connections per listener (HTTP, gRPC, metrics); when full, the connection idle the "
+        "longest is evicted to make room, and only when none is idle is a new one closed at once and "
+        "logged (0: no cap)",
+    )
+    serve.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=d.max_connections_per_peer,
+        metavar="N",
+        help="open connections per listener from one client address, with the same eviction of idle "
+        "ones (behind a proxy, all clients share the proxy's address: raise it or 0; 0: no cap)",
     )
     serve.add_argument(
         "--max-buffered-request-bytes",
@@ -641,6 +654,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         metavar="BYTES",
         help="request bytes held in memory across all requests; a request that does not fit is refused "
         "before it is read (HTTP 503, gRPC RESOURCE_EXHAUSTED; 0: no budget)",
+    )
+    serve.add_argument(
+        "--max-unsent-response-bytes",
+        type=int,
+        default=d.max_unsent_response_bytes,
+        metavar="BYTES",
+        help="response bytes encoded but not yet taken by their clients, across all connections; past "
+        "it, the connections holding the most are closed (0: no budget)",
     )
     timeouts = serve.add_argument_group("connection timeouts (seconds; 0: none)")
     timeouts.add_argument(

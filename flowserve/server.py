@@ -106,7 +106,12 @@ class Server:
         )
         admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
-        guards = Guards(opts.max_connections, ByteBudget(opts.max_buffered_request_bytes))
+        guards = Guards(
+            opts.max_connections,
+            ByteBudget(opts.max_buffered_request_bytes),
+            max_connections_per_peer=opts.max_connections_per_peer,
+            unsent=ByteBudget(opts.max_unsent_response_bytes, count_small=True),
+        )
         open_files_for(opts.max_connections)
         plane = ServerPlane(engine, shm, opts.limits, admission=admission, guards=guards)
         plane.strict_readiness = opts.strict_readiness

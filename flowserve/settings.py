@@ -25,7 +25,12 @@ from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import Limits
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.admission import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_PER_MODEL
-from flowserve.dataplane.guard import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS
+from flowserve.dataplane.guard import (
+    DEFAULT_MAX_BUFFERED_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    DEFAULT_MAX_UNSENT_BYTES,
+)
 from flowserve.repository.settings import RepositorySettings
 
 if TYPE_CHECKING:
@@ -63,6 +68,10 @@ class Settings:
     # open connections per listener, and request bytes in memory across all requests (guard.py)
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_buffered_request_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    # open connections per listener from one peer address (idle ones are evicted first), and
+    # response bytes encoded but not yet taken by their clients, across all connections
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    max_unsent_response_bytes: int = DEFAULT_MAX_UNSENT_BYTES
     # --log-file: the only way to set the log file (the logging API cannot change file locations)
     log_file: str = ""
     # connection timeouts (seconds; 0: none): HTTP keep-alive idle and request head, HTTP body
