@@ -92,10 +92,12 @@ class ConnectionGuard:
         peer's share of it, is full and no connection idle for ``EVICT_AFTER_S`` could be
         evicted to make room. ``conn``: the connection, tracked until :meth:`release` (only
         tracked connections can be evicted); ``peer``: its address (the per-peer cap)."""
-        if self.per_peer and peer is not None and self._peers.get(peer, 0) >= self.per_peer:
-            if not self._evict(peer):
-                return self._refuse(f"{self._peers[peer]} open from {peer}, the limit per peer "
-                                    f"(--max-connections-per-peer {self.per_peer})")
+        crowded = self.per_peer and peer is not None and self._peers.get(peer, 0) >= self.per_peer
+        if crowded and not self._evict(peer):
+            return self._refuse(
+                f"{self._peers[peer or '']} open from {peer}, the limit per peer "
+                f"(--max-connections-per-peer {self.per_peer})"
+            )
         if self.limit and self.open >= self.limit and not self._evict(None):
             return self._refuse(f"{self.open} open, the limit (--max-connections {self.limit})")
         self.open += 1
@@ -150,7 +152,7 @@ class ConnectionGuard:
         now = self._clock()
         if now - self._logged_at >= 1.0:
             also = f" (and {self._unlogged} more since the last message)" if self._unlogged else ""
-            log.warning("%s listener: refused a connection: %s, none idle to evict%s", self.listener, why, also)
+            log.warning("%s listener: refused a connection: %s, none idle to evict%s", self.listener, why, also)  # noqa: E501
             self._logged_at = now
             self._unlogged = 0
         else:
