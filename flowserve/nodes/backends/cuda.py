@@ -152,13 +152,55 @@ def register_torch_concat() -> bool:
 # ----------------------------------------------------------------------------- CUDA IPC
 
 
+IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
+_TORCH_CUDA_MALLOC = ord("c")  # torch's shareable handle of a cudaMalloc'd segment (not an expandable one)
+
+
 def ipc_handle(pointer_owner: Any) -> bytes:
     """The ``cudaIpcMemHandle_t`` (64 bytes) of a CUDA allocation (a torch tensor's storage),
-    as a client registering CUDA shared memory sends it."""
+    as a client registering CUDA shared memory sends it. The storage must start its
+    allocation (a fresh tensor of its own, as tritonclient's ``cudaMalloc`` gives)."""
     storage = pointer_owner.untyped_storage()
-    device, handle, *_ = storage._share_cuda_()
-    del device
-    return bytes(handle)
+    _device, handle, _size, offset, *_ = storage._share_cuda_()
+    if offset:
+        raise ValueError(f"the tensor starts {offset} bytes into its CUDA allocation; share a fresh one")
+    return raw_ipc_handle(bytes(handle))
+
+
+def raw_ipc_handle(shared: bytes) -> bytes:
+    """The 64-byte ``cudaIpcMemHandle_t`` inside what torch's ``_share_cuda_()`` returns: the
+    handle itself (older torch) or a version byte, a kind byte (``c``: cudaMalloc) and the
+    handle (66 bytes, torch's caching allocator since expandable segments)."""
+    if len(shared) == IPC_HANDLE_SIZE:
+        return shared
+    if len(shared) == IPC_HANDLE_SIZE + 2 and shared[1] == _TORCH_CUDA_MALLOC:
+        return shared[2:]
+    raise ValueError(f"not a cudaMalloc IPC handle ({len(shared)} bytes, kind byte {shared[1:2]!r})")
+
+
+@functools.cache
+def _ipc_handle_type() -> Any:
+    """``cudaIpcMemHandle_t`` as ctypes sees it: a struct of 64 bytes, passed by value (a bare
+    ``c_char * 64`` argument would be passed as a pointer, and CUDA answers cudaError 1)."""
+    import ctypes
+
+    class CudaIpcMemHandle(ctypes.Structure):
+        _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
+
+    return CudaIpcMemHandle
+
+
+def declare_ipc(cudart: Any) -> Any:
+    """Declare the argument types of the CUDA runtime's IPC calls on ``cudart`` (a ctypes
+    library), so the handle goes by value and pointers keep their 64 bits."""
+    import ctypes
+
+    open_args = [ctypes.POINTER(ctypes.c_void_p), _ipc_handle_type(), ctypes.c_uint]
+    cudart.cudaIpcOpenMemHandle.argtypes = open_args
+    cudart.cudaIpcOpenMemHandle.restype = ctypes.c_int
+    cudart.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
+    cudart.cudaIpcCloseMemHandle.restype = ctypes.c_int
+    return cudart
 
 
 class IpcRegion:
@@ -171,17 +213,18 @@ class IpcRegion:
 
         import torch
 
-        if len(raw_handle) != 64:
-            raise ValueError(f"a cudaIpcMemHandle_t is 64 bytes, got {len(raw_handle)}")
+        if len(raw_handle) != IPC_HANDLE_SIZE:
+            raise ValueError(f"a cudaIpcMemHandle_t is {IPC_HANDLE_SIZE} bytes, got {len(raw_handle)}")
         self.device_id = device_id
         self.byte_size = byte_size
         self._torch = torch
         self._cudart = _cudart()
         with torch.cuda.device(device_id):
             pointer = ctypes.c_void_p()
-            handle = (ctypes.c_char * 64).from_buffer_copy(raw_handle)
-            # cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned flags)
-            status = self._cudart.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, ctypes.c_uint(1))
+            handle = _ipc_handle_type().from_buffer_copy(raw_handle)
+            # cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned flags):
+            # flag 1 is cudaIpcMemLazyEnablePeerAccess
+            status = self._cudart.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, 1)
             if status != 0:
                 raise RuntimeError(f"cudaIpcOpenMemHandle failed (cudaError {status})")
         self.pointer = int(pointer.value or 0)
@@ -277,7 +320,7 @@ def _cudart() -> Any:
     candidates += [str(p) for p in sorted(site.glob("nvidia/*/lib/libcudart.so*"))]
     for name in candidates:
         try:
-            return ctypes.CDLL(name)
+            return declare_ipc(ctypes.CDLL(name))
         except OSError:
             continue
     raise RuntimeError("the CUDA runtime (libcudart) cannot be loaded for CUDA IPC")
@@ -299,6 +342,7 @@ __all__ = [
     "ipc_handle",
     "on_stream",
     "open_ipc_region",
+    "raw_ipc_handle",
     "register_torch_concat",
     "torch_concat",
     "torch_tensor",
