@@ -47,6 +47,7 @@ import yaml
 
 from flowserve.core.datatypes import DATATYPES
 from flowserve.core.errors import SpecError
+from flowserve.spec.bounds import BOUNDS, out_of_bounds
 from flowserve.spec.kinds import KINDS, YAML_KINDS, Issues, parse_ref
 from flowserve.spec.rayspec import KIND_RAY, ray_from_yaml
 from flowserve.spec.schema import (
@@ -108,9 +109,8 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: Issues) -> Gra
     if not isinstance(name, str) or not name or "/" in name:
         issues.add(f"graph name must be a non-empty string without '/', got {name!r}", field="name")
         name = default_name
-    max_batch = doc.get("max_batch_size", 0)
-    if not isinstance(max_batch, int) or max_batch < 0:
-        issues.add(f"must be an integer >= 0, got {max_batch!r}", field="max_batch_size")
+    max_batch = _bounded(doc.get("max_batch_size", 0), "max_batch_size", issues, None, "max_batch_size")
+    if max_batch is None:
         max_batch = 0
     inputs = _parse_inputs(doc.get("inputs"), issues)
     nodes: dict[str, NodeSpec] = {}
@@ -177,7 +177,28 @@ def _parse_dims(raw: Any, issues: Issues, node: str | None, field: str) -> tuple
     ):
         issues.add(f"dims must be a list of integers >= -1, got {raw!r}", node, field)
         return None
+    problem = out_of_bounds("rank", len(raw))
+    if problem is not None:
+        issues.add(f"dims: {problem}", node, field)
+        return None
+    for i, d in enumerate(raw):
+        problem = out_of_bounds("dim", d)
+        if problem is not None:
+            issues.add(problem, node, f"{field}[{i}]")
+            return None
     return tuple(raw)
+
+
+def _bounded(raw: Any, key: str, issues: Issues, node: str | None, field: str) -> int | None:
+    """An integer setting within its bound (spec/bounds.py), else None with the problem told."""
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        issues.add(f"must be an integer ({BOUNDS[key].what}), got {raw!r}", node, field)
+        return None
+    problem = out_of_bounds(key, raw)
+    if problem is not None:
+        issues.add(problem, node, field)
+        return None
+    return raw
 
 
 def _parse_inputs(raw: Any, issues: Issues) -> dict[str, TensorSpec]:
@@ -279,28 +300,84 @@ def _parse_node_outputs(raw: Any, issues: Issues, node: str) -> dict[str, Tensor
     return out
 
 
+# batching: key -> its bound (spec/bounds.py)
+_BATCHING_NUMBERS = {
+    "max_batch_size": "max_batch_size",
+    "max_queue_delay_us": "max_queue_delay_us",
+    "priority_levels": "priority_levels",
+    "default_priority_level": "priority_levels",
+}
+# a queue policy: key -> its bound
+_POLICY_NUMBERS = {"default_timeout_us": "queue_timeout_us", "max_queue_size": "max_queue_size"}
+
+
 def _parse_batching(raw: Any, issues: Issues, node: str) -> BatchingSpec | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("max_batch_size"), int):
         issues.add("must be a mapping with an integer max_batch_size", node, "batching")
         return None
+    before = len(issues.items)
+    for key, bound in _BATCHING_NUMBERS.items():
+        if key in raw:
+            _bounded(raw[key], bound, issues, node, f"batching.{key}")
+    preferred = raw.get("preferred_batch_size", [])
+    if not isinstance(preferred, list):
+        issues.add(f"must be a list of batch sizes, got {preferred!r}", node, "batching.preferred_batch_size")
+        preferred = []
+    for i, size in enumerate(preferred):
+        _bounded(size, "max_batch_size", issues, node, f"batching.preferred_batch_size[{i}]")
+    levels = raw.get("priority_queue_policy", {})
+    if not isinstance(levels, dict):
+        issues.add(
+            "must be a mapping of priority level to queue policy", node, "batching.priority_queue_policy"
+        )
+        levels = {}
+    for level in levels:
+        _bounded(level, "priority_levels", issues, node, f"batching.priority_queue_policy[{level!r}]")
+    default = _queue_policy(
+        raw.get("default_queue_policy", {}), issues, node, "batching.default_queue_policy"
+    )
+    policies = {
+        level: _queue_policy(policy, issues, node, f"batching.priority_queue_policy[{level}]")
+        for level, policy in levels.items()
+    }
+    if len(issues.items) > before or default is None:
+        return None
     try:
-        policy = QueuePolicy(**raw.get("default_queue_policy", {}))
         return BatchingSpec(
             max_batch_size=raw["max_batch_size"],
-            preferred_batch_size=tuple(raw.get("preferred_batch_size", ())),
+            preferred_batch_size=tuple(preferred),
             max_queue_delay_us=int(raw.get("max_queue_delay_us", 0)),
             preserve_ordering=bool(raw.get("preserve_ordering", False)),
             priority_levels=int(raw.get("priority_levels", 0)),
             default_priority_level=int(raw.get("default_priority_level", 0)),
-            default_queue_policy=policy,
-            priority_queue_policy={
-                int(k): QueuePolicy(**v) for k, v in raw.get("priority_queue_policy", {}).items()
-            },
+            default_queue_policy=default,
+            priority_queue_policy={int(k): v for k, v in policies.items() if v is not None},
         )
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError) as exc:
         issues.add(f"invalid batching settings: {exc}", node, "batching")
+        return None
+
+
+def _queue_policy(raw: Any, issues: Issues, node: str, field: str) -> QueuePolicy | None:
+    """A queue policy {timeout_action, default_timeout_us, allow_timeout_override,
+    max_queue_size}, its numbers within their bounds (None: a problem was told)."""
+    if not isinstance(raw, dict):
+        issues.add("must be a mapping of queue policy settings", node, field)
+        return None
+    before = len(issues.items)
+    for key, bound in _POLICY_NUMBERS.items():
+        if key in raw:
+            _bounded(raw[key], bound, issues, node, f"{field}.{key}")
+    if raw.get("timeout_action", "REJECT") not in ("REJECT", "DELAY"):
+        issues.add(f"must be REJECT or DELAY, got {raw['timeout_action']!r}", node, f"{field}.timeout_action")
+    if len(issues.items) > before:
+        return None
+    try:
+        return QueuePolicy(**raw)
+    except TypeError as exc:
+        issues.add(f"invalid queue policy: {exc}", node, field)
         return None
 
 
@@ -310,11 +387,8 @@ def _parse_instances(raw: Any, issues: Issues, node: str, node_kind: str) -> Ins
     if not isinstance(raw, dict):
         issues.add("must be a mapping {count, kind[, resources, max_restarts]}", node, "instances")
         return InstanceSpec()
-    count = raw.get("count", 1)
+    count = _bounded(raw.get("count", 1), "instances", issues, node, "instances.count") or 1
     kind = raw.get("kind", "KIND_AUTO")
-    if not isinstance(count, int) or count < 1:
-        issues.add(f"count must be an integer >= 1, got {count!r}", node, "instances.count")
-        count = 1
     if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL", KIND_RAY):
         issues.add(f"kind must be KIND_AUTO/CPU/GPU/MODEL/RAY, got {kind!r}", node, "instances.kind")
         kind = "KIND_AUTO"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flowserve.core.errors import SpecIssue
+from flowserve.spec.bounds import BOUNDS
 from flowserve.spec.schema import (
     STICKY_INPUT,
     Binding,
@@ -236,6 +237,30 @@ def _number(raw: Any, issues: Issues, node: str, field: str, low: float, high: f
     return float(raw)
 
 
+def _bounded_number(raw: Any, key: str, issues: Issues, node: str, field: str) -> float | None:
+    """A number within its bound (spec/bounds.py), else None with the problem told."""
+    bound = BOUNDS[key]
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not bound.holds(raw):
+        issues.add(
+            f"must be a number between {bound.low} and {bound.high} ({bound.what}), got {raw!r}", node, field
+        )
+        return None
+    return float(raw)
+
+
+def _in_flight(raw: Any, issues: Issues, node: str, field: str) -> int:
+    """A ``max_in_flight`` setting (64 stands in for a bad one, which is told)."""
+    bound = BOUNDS["max_in_flight"]
+    if isinstance(raw, bool) or not isinstance(raw, int) or not bound.holds(raw):
+        issues.add(
+            f"must be an integer between {bound.low} and {bound.high} ({bound.what}), got {raw!r}",
+            node,
+            field,
+        )
+        return 64
+    return raw
+
+
 def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
     keys = {"arms", "by_parameter", "sticky", "sticky_parameter", "shadow"}
     if not isinstance(raw, dict):
@@ -256,7 +281,9 @@ def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
             field = f"split.arms.{arm_name}"
             target = _parse_target(arm, issues, node, field, {"weight"})
             weight = (
-                _number(arm.get("weight", 1), issues, node, f"{field}.weight", 0, None) if target else None
+                _bounded_number(arm.get("weight", 1), "weight", issues, node, f"{field}.weight")
+                if target
+                else None
             )
             if target is not None and weight is not None:
                 arms.append(SplitArm(str(arm_name), target, weight))
@@ -283,10 +310,9 @@ def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
         target = _parse_target(shadow_raw, issues, node, "split.shadow", extra)
         if target is not None:
             fraction = _number(shadow_raw.get("fraction", 1.0), issues, node, "split.shadow.fraction", 0, 1)
-            limit = shadow_raw.get("max_in_flight", 64)
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                issues.add(f"must be an integer >= 1, got {limit!r}", node, "split.shadow.max_in_flight")
-                limit = 64
+            limit = _in_flight(
+                shadow_raw.get("max_in_flight", 64), issues, node, "split.shadow.max_in_flight"
+            )
             if fraction is not None:
                 shadow = ShadowSpec(target, fraction, limit)
     if len(issues.items) > before:
@@ -392,10 +418,8 @@ def _remote_node(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str
         or (isinstance(version, int) and version < 1)
     ):
         issues.add(f"must be a version number, got {version!r}", node, "remote.version")
-    limit = raw.get("max_in_flight", 64)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        issues.add(f"must be an integer >= 1, got {limit!r}", node, "remote.max_in_flight")
-    timeout = _number(raw.get("timeout_s", 5.0), issues, node, "remote.timeout_s", 0.001, None)
+    limit = _in_flight(raw.get("max_in_flight", 64), issues, node, "remote.max_in_flight")
+    timeout = _bounded_number(raw.get("timeout_s", 5.0), "timeout_s", issues, node, "remote.timeout_s")
     if len(issues.items) > before or timeout is None:
         return None
     remote = RemoteSpec(

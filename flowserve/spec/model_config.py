@@ -182,6 +182,9 @@ class ModelSequenceBatchingOldest(Message, Protocol):
     max_candidate_sequences: int
     max_queue_delay_microseconds: int
 
+    @property
+    def preferred_batch_size(self) -> Sequence[int]: ...
+
 
 class ModelSequenceBatching(Message, Protocol):
     """Oneof ``strategy_choice``: ``direct`` or ``oldest``."""

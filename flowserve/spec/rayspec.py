@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from flowserve.core.errors import InvalidArgument
+from flowserve.spec.bounds import out_of_bounds
 from flowserve.spec.schema import InstanceSpec, ModelSpec, RaySpec
 
 KIND_RAY: Final = "KIND_RAY"
@@ -88,8 +89,9 @@ def ray_from_parameters(model: ModelSpec) -> InstanceSpec | None:
     if "count" not in params:
         raise InvalidArgument(f"'{PARAMETER_PREFIX}count' is needed to place the model's instances on Ray")
     count = _number(params, "count", int)
-    if count < 1:
-        raise InvalidArgument(f"'{PARAMETER_PREFIX}count' must be >= 1, got {count}")
+    problem = out_of_bounds("instances", count)
+    if problem is not None:
+        raise InvalidArgument(f"model '{model.name}': '{PARAMETER_PREFIX}count' {problem}")
     amounts: dict[str, float] = {}
     for name in ("num_cpus", "num_gpus"):
         if name in params:

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from flowserve.core.errors import FlowserveError, InvalidArgument, SpecIssue
+from flowserve.spec.bounds import config_problems
 from flowserve.spec.model_config import (
     ModelConfig,
     ModelInput,
@@ -248,6 +249,8 @@ def model_spec(
             )
         )
         return None
+    if not within_bounds(config, source, issues):
+        return None
     versions, found = select_versions(model_dir, config)
     backend = resolve_backend(config, [Path(p) for p in versions.values()])
     if not backend:
@@ -271,6 +274,8 @@ def model_spec(
     if not config.platform and backend in BACKEND_PLATFORMS:
         config.platform = BACKEND_PLATFORMS[backend]
     if not auto_complete(config, backend, model_dir, versions, source, issues, completions):
+        return None
+    if not within_bounds(config, source, issues):  # what auto-complete read from the model file
         return None
     try:
         inputs = tuple(input_from_config(t) for t in config.input)
@@ -318,6 +323,16 @@ def model_spec(
         config=config,
         warmup=warmup,
     )
+
+
+def within_bounds(config: ModelConfig, source: str, issues: list[SpecIssue]) -> bool:
+    """Whether every number of ``config`` is within its bound (spec/bounds.py); each one that
+    is not is appended to ``issues``, naming the model, the field and the bound."""
+    problems = config_problems(config)
+    issues.extend(
+        SpecIssue(source, f"model '{config.name}': {problem}", field=field) for field, problem in problems
+    )
+    return not problems
 
 
 def _warmup(

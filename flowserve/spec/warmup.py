@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from flowserve.core.datatypes import DATATYPES, from_config
 from flowserve.core.errors import InvalidArgument
+from flowserve.spec.bounds import out_of_bounds
 from flowserve.spec.model_config import ModelConfig
 from flowserve.spec.schema import TensorSpec, WarmupInput, WarmupSpec
 
@@ -184,6 +185,7 @@ def check_samples(
         elif sample.name in seen:
             problems.append(f"sample name '{sample.name}' is used twice")
         seen.add(sample.name)
+        problems += _bounds(sample)
         if sample.batch_size < 1:
             problems.append("batch_size must be >= 1")
         elif max_batch_size == 0 and sample.batch_size != 1:
@@ -203,6 +205,23 @@ def check_samples(
             continue
         good.append(sample)
     return tuple(good)
+
+
+def _bounds(sample: WarmupSpec) -> list[str]:
+    """The sample's numbers past their bounds (spec/bounds.py): its count, and the elements
+    of each input tensor it makes (times its batch_size)."""
+    problem = out_of_bounds("warmup_count", sample.count)
+    problems = [] if problem is None else [f"count {problem}"]
+    for name, tensor in sample.inputs.items():
+        problem = out_of_bounds("rank", len(tensor.dims))
+        if problem is None:
+            elements = max(sample.batch_size, 1)
+            for d in tensor.dims:
+                elements *= max(d, 1)
+            problem = out_of_bounds("elements", elements)
+        if problem is not None:
+            problems.append(f"input '{name}': dims {problem}")
+    return problems
 
 
 def _check_input(name: str, tensor: WarmupInput, spec: TensorSpec | None, known: list[str]) -> list[str]:

@@ -81,7 +81,7 @@ def test_yaml_remote_node_parses(tmp_path: Path) -> None:
         ("{url: ftp://h:1, model: m}", "grpc://host:port"),
         ("{url: grpc://h, model: m}", "grpc://host:port"),
         ("{url: grpc://h:1}", "must name the remote model"),
-        ("{url: grpc://h:1, model: m, max_in_flight: 0}", "integer >= 1"),
+        ("{url: grpc://h:1, model: m, max_in_flight: 0}", "integer between 1 and 65536"),
         ("{url: grpc://h:1, model: m, colour: red}", "unknown keys"),
         ("grpc://h:1", "must be a mapping"),
     ],

@@ -479,7 +479,7 @@ def test_yaml_schema_errors_name_the_field(tmp_path: Path) -> None:
         load_graph_file(path)
     text = str(info.value)
     for expected in (
-        "field 'split.arms.a.weight': must be a number >= 0",
+        "field 'split.arms.a.weight': must be a number between 0 and 1000000",
         "field 'split.arms.b.version': a graph has no versions",
         "field 'split.arms.c': needs exactly one of",
         "field 'split.sticky'",
