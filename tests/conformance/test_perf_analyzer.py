@@ -74,3 +74,22 @@ def test_perf_analyzer(server: Any, protocol: str, model: str) -> None:
         assert "Composing models:" in out and "simple, version: 1" in out, report
     else:
         assert "compute infer" in out, report
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_system_shared_memory(server: Any, protocol: str) -> None:
+    """perf_analyzer's ``--shared-memory system`` mode: inputs and outputs in regions it
+    registers; every output's raw entry must be in the gRPC response even when all outputs are
+    in shared memory (its C++ client indexes them unchecked: a missing entry crashed it)."""
+    port = server.grpc_port if protocol == "grpc" else server.http_port
+    if port < 0:
+        pytest.skip(f"the {protocol} front end is not running in this test session")
+    assert PERF_ANALYZER is not None
+    cmd = [str(PERF_ANALYZER), "-m", "simple", "-u", f"127.0.0.1:{port}", "-i", protocol]
+    cmd += ["--shared-memory", "system", "--output-shared-memory-size", "1024"]
+    cmd += ["-p", "500", "--concurrency-range", "1:2", "-s", "100", "-r", "10"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    report = f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == 0, report
+    assert "Thread [" not in done.stdout + done.stderr, report  # a worker's request error
+    assert "Successful request count:" in done.stdout and "throughput:" in done.stdout, report

@@ -210,8 +210,9 @@ def encode_response(
     """A ModelInferResponse whose raw_output_contents follow its outputs in order.
 
     Outputs written to shared memory carry the region in their parameters and an empty raw
-    entry (so the positions of the others stay aligned); when every output went to shared
-    memory there are no raw entries at all.
+    entry, as Triton's do: every output has its raw entry, at its own position (Triton's C++
+    client, perf_analyzer's, indexes ``raw_output_contents`` by output position unchecked and
+    crashed on a response whose outputs were all in shared memory and had no entries).
     """
     outputs = []
     raws = []
@@ -231,8 +232,6 @@ def encode_response(
             out.parameters[SHM_OFFSET].int64_param = offset
         outputs.append(out)
         raws.append(b"")
-    if targets and all(o.name in targets for o in outputs):
-        raws = []
     msg = pb.ModelInferResponse(
         model_name=response.model,
         model_version=response.version,
