@@ -34,6 +34,7 @@ from flowserve.repository.repository import PathLike, Repository
 from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.registry import Registry
 from flowserve.runtime.servable import Servable
+from flowserve.spec.bounds import LONGEST_REQUEST_TIMEOUT_US
 from flowserve.spec.schema import GraphSpec, ModelSpec
 
 
@@ -229,5 +230,5 @@ class Engine:
                 ctx.priority = priority
             timeout = parameters.get("timeout")
             if isinstance(timeout, int) and timeout > 0:
-                ctx.deadline_ns = self.clock.now_ns() + timeout * 1000
+                ctx.deadline_ns = self.clock.now_ns() + min(timeout, LONGEST_REQUEST_TIMEOUT_US) * 1000
         return ctx

@@ -38,6 +38,12 @@ DAY_US: Final = 24 * HOUR_US
 INT32_MAX: Final = 2**31 - 1
 
 
+# A request's own ``timeout`` parameter (µs) past this counts as this: any wait it becomes
+# (asyncio.timeout, loop timers) stays a float of seconds that nothing overflows (2**1100 µs
+# did: OverflowError, an INTERNAL answer).
+LONGEST_REQUEST_TIMEOUT_US: Final = 30 * DAY_US
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     """The values a setting may take: ``low`` .. ``high`` inclusive; ``what`` says what is
@@ -252,6 +258,7 @@ __all__ = [
     "BOUNDS",
     "DAY_US",
     "HOUR_US",
+    "LONGEST_REQUEST_TIMEOUT_US",
     "SETTINGS",
     "Bound",
     "Problem",
