@@ -49,6 +49,8 @@ class Context:
     # set when the caller went away or the deadline passed while a node worked on the request
     # (a python model's request.is_cancelled() reads it, from the model's thread)
     cancelled: bool = False
+    # the client that sent the request (core.types.InferRequest.peer; "" when unknown)
+    peer: str = ""
 
 
 class Node:

@@ -27,6 +27,9 @@ class InferRequest:
     # outputs the caller takes where the graph made them (written into CUDA shared memory
     # device to device); every other output is numpy
     keep_device: frozenset[str] = frozenset()
+    # who sent it, as its front end knows it (the client's IP address; "" when unknown, as for
+    # the in-process API): a stateful model shares its sequence slots fairly between clients
+    peer: str = ""
 
 
 @dataclass(slots=True)

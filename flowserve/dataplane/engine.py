@@ -135,7 +135,12 @@ class Engine:
         """Run a request another worker forwarded (this process owns its model): one output
         map, or every response of a decoupled model's stream."""
         servable = self.registry.get(request.model, request.version)
-        ctx = Context(request_id=request.request_id, parameters=request.parameters, priority=request.priority)
+        ctx = Context(
+            request_id=request.request_id,
+            parameters=request.parameters,
+            priority=request.priority,
+            peer=request.peer,
+        )
         if request.timeout_ns is not None:
             ctx.deadline_ns = self.clock.now_ns() + request.timeout_ns
         if request.stream:
@@ -167,6 +172,7 @@ class Engine:
         wanted = self._check_requested(servable, request)
         ctx = self._context(request.id, request.parameters)
         ctx.trace = trace
+        ctx.peer = request.peer
         outputs = await servable.infer(request.inputs, ctx, keep=request.keep_device)
         return self._response(servable, request, outputs, wanted)
 
@@ -179,6 +185,7 @@ class Engine:
         wanted = self._check_requested(servable, request)
         ctx = self._context(request.id, request.parameters)
         ctx.trace = trace
+        ctx.peer = request.peer
         async for outputs in servable.stream(request.inputs, ctx):
             yield self._response(servable, request, outputs, wanted)
 

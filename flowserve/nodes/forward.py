@@ -32,6 +32,7 @@ class Forwarded:
     priority: int
     timeout_ns: int | None  # time left when it was sent (None: no deadline)
     stream: bool  # the owner answers with every response (a decoupled model), not one
+    peer: str = ""  # the client that sent it (Context.peer)
 
 
 # run one forwarded request on the owner: one output map, or every response of a stream
@@ -72,6 +73,7 @@ class ForwardNode(Node):
             ctx.priority,
             left,
             stream,
+            ctx.peer,
         )
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:

@@ -4,9 +4,17 @@ Every request carries a correlation id (``sequence_id``: a non-zero uint64 or a 
 string) and START/END flags. All requests of a sequence go to the same instance, one at a time
 and in arrival order; the batcher feeds the model its control tensors (START, END, READY,
 CORRID, as configured) and carries implicit state (a state output of request i is the state
-input of request i+1, reset at START). A sequence holds a slot from START to END; when every
-slot is taken, new sequences wait for one. A sequence idle longer than
-``max_sequence_idle_microseconds`` is released, and its next request gets a clear error.
+input of request i+1, reset at START). A sequence holds a slot from START to END; a sequence
+idle longer than ``max_sequence_idle_microseconds`` (Triton's default when unset: 1 s) is
+released, its slot freed, and its next request gets a clear error.
+
+When every slot is taken, a new sequence's START waits for one (Triton's backlog), fairly
+between clients: a freed slot goes to the waiting START of the client (``Context.peer``, its
+address) that holds the fewest slots, the oldest first among equals, so one client's
+never-ended sequences hold the model for at most the idle time, not for as long as its
+backlog lasts. A client may have at most ``MAX_WAITING_STARTS_PER_CLIENT`` starts waiting;
+more fail at once with UNAVAILABLE (house rule: every queue has a bound). Requests whose client
+is unknown (the in-process API) count as one client.
 
 Requests of different sequences that are waiting for the same instance run as one batch
 (one row each), as Triton does. With the ``direct`` strategy each sequence also owns a batch
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +39,7 @@ import numpy as np
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.datatypes import to_numpy
-from flowserve.core.errors import InvalidArgument
+from flowserve.core.errors import InvalidArgument, Unavailable
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.spec.sequence import SequenceSpec
@@ -45,15 +55,34 @@ def correlation_id(name: str, parameters: Any) -> tuple[int | str, bool, bool]:
     return corr, bool(parameters.get("sequence_start", False)), bool(parameters.get("sequence_end", False))
 
 
+# starts of one client that may wait for a slot at once (more: UNAVAILABLE at once)
+MAX_WAITING_STARTS_PER_CLIENT = 64
+# idle sequences are looked for this often (a quarter of the idle time, within these bounds)
+REAP_PERIOD_S = (0.01, 1.0)
+# released sequence ids remembered, to say why their next request fails
+EXPIRED_REMEMBERED = 4096
+
+
 @dataclass(eq=False)
 class Sequence:
     corr: int | str
     instance: int
     last_ns: int
+    peer: str = ""  # the client that started it
     state: TensorMap = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     busy: int = 0
     slot: int = 0  # its row in every batch of its instance (direct strategy)
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A START waiting for a slot; ``order`` breaks ties between clients (oldest first)."""
+
+    corr: int | str
+    peer: str
+    order: int
+    future: asyncio.Future[Sequence]
 
 
 @dataclass(eq=False)
@@ -78,14 +107,20 @@ class SequenceBatcher(Node):
         self.clock = clock
         self.max_batch_size = max_batch_size
         self.rows = max(max_batch_size, 1)
-        self._active: dict[int | str, Sequence] = {}
+        # active sequences, least recently used first (the reaper stops at the first not idle)
+        self._active: OrderedDict[int | str, Sequence] = OrderedDict()
         self._expired: OrderedDict[int | str, None] = OrderedDict()
         self._queues: list[list[Pending]] = []
         self._wake: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._slot_freed = asyncio.Condition()
         self._direct = spec.strategy == "direct"
-        self._slots: list[list[int | str | None]] = []  # per instance: the sequence in each row
+        self._load: list[int] = []  # per instance: its active sequences
+        self._free_rows: list[list[int]] = []  # per instance: a heap of released rows below _next_row
+        self._next_row: list[int] = []  # per instance: rows from here up were never taken
+        self._held: dict[str, int] = {}  # client -> its active sequences
+        self._waiting: list[Waiting] = []  # STARTs waiting for a slot, in arrival order
+        self._waiting_of: dict[str, int] = {}  # client -> its STARTs waiting
+        self._order = itertools.count()
 
     @property
     def capacity(self) -> int:
@@ -99,7 +134,9 @@ class SequenceBatcher(Node):
         await self.inner.start()
         count = len(self.inner.pool.instances)
         self._queues = [[] for _ in range(count)]
-        self._slots = [[None] * self.rows for _ in range(count)]
+        self._load = [0] * count
+        self._free_rows = [[] for _ in range(count)]
+        self._next_row = [0] * count
         self._wake = [asyncio.Event() for _ in range(count)]
         self._tasks = [
             asyncio.create_task(self._dispatch(i), name=f"{self.name}-sequence-{i}") for i in range(count)
@@ -117,7 +154,7 @@ class SequenceBatcher(Node):
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
         corr, start, end = correlation_id(self.name, ctx.parameters)
-        seq = await self._sequence(corr, start)
+        seq = await self._sequence(corr, start, ctx.peer)
         seq.busy += 1
         try:
             async with seq.lock:  # one request of a sequence at a time, in arrival order
@@ -129,11 +166,13 @@ class SequenceBatcher(Node):
         finally:
             seq.busy -= 1
             seq.last_ns = self.clock.now_ns()
+            if self._active.get(corr) is seq:
+                self._active.move_to_end(corr)  # the most recently used now
         if end:
-            await self._release(corr)
+            self._release(corr)
         return outputs
 
-    async def _sequence(self, corr: int | str, start: bool) -> Sequence:
+    async def _sequence(self, corr: int | str, start: bool, peer: str) -> Sequence:
         seq = self._active.get(corr)
         if seq is not None:
             if start:
@@ -150,41 +189,106 @@ class SequenceBatcher(Node):
                 f"inference request for sequence {corr!r} to model '{self.name}' must specify the "
                 f"START flag on the first request of the sequence ({why}no active sequence has this id)"
             )
-        async with self._slot_freed:
-            await self._slot_freed.wait_for(lambda: len(self._active) < self.capacity)
-            seq = self._active.get(corr)
-            if seq is None:
-                load = [0] * len(self._queues)
-                for other in self._active.values():
-                    load[other.instance] += 1
-                instance = min(range(len(load)), key=load.__getitem__)
-                seq = self._active[corr] = Sequence(corr, instance, self.clock.now_ns())
-                if self._direct:  # the instance with the fewest sequences has a free row
-                    rows = self._slots[instance]
-                    seq.slot = rows.index(None)
-                    rows[seq.slot] = corr
-            self._expired.pop(corr, None)
-            return seq
+        if len(self._active) < self.capacity:
+            return self._open(corr, peer)
+        return await self._wait_for_slot(corr, peer)
 
-    async def _release(self, corr: int | str) -> None:
-        async with self._slot_freed:
-            seq = self._active.pop(corr, None)
-            if seq is not None and self._direct and self._slots[seq.instance][seq.slot] == corr:
-                self._slots[seq.instance][seq.slot] = None
-            self._slot_freed.notify_all()
+    async def _wait_for_slot(self, corr: int | str, peer: str) -> Sequence:
+        """Every slot is taken: wait in the backlog until :meth:`_grant` gives this START one."""
+        waiting = self._waiting_of.get(peer, 0)
+        if waiting >= MAX_WAITING_STARTS_PER_CLIENT:
+            client = f"client {peer}" if peer else "this client"
+            raise Unavailable(
+                f"model '{self.name}': all {self.capacity} sequence slots are taken and {client} "
+                f"already has {waiting} sequence starts waiting for one (the most one client may "
+                "have waiting); retry later, and end sequences (sequence_end) when done"
+            )
+        entry = Waiting(corr, peer, next(self._order), asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        self._waiting_of[peer] = waiting + 1
+        try:
+            return await entry.future
+        finally:
+            if not entry.future.done() or entry.future.cancelled():  # its caller went away, or timed out
+                self._unwait(entry)
+
+    def _unwait(self, entry: Waiting) -> None:
+        self._waiting.remove(entry)
+        left = self._waiting_of[entry.peer] - 1
+        if left:
+            self._waiting_of[entry.peer] = left
+        else:
+            del self._waiting_of[entry.peer]
+
+    def _open(self, corr: int | str, peer: str) -> Sequence:
+        """A new sequence in a free slot: on the instance with the fewest sequences (which has a
+        free row), in its lowest free row."""
+        load = self._load
+        instance = min(range(len(load)), key=load.__getitem__)
+        load[instance] += 1
+        seq = self._active[corr] = Sequence(corr, instance, self.clock.now_ns(), peer)
+        if self._direct:
+            free = self._free_rows[instance]
+            if free:
+                seq.slot = heapq.heappop(free)
+            else:
+                seq.slot = self._next_row[instance]
+                self._next_row[instance] += 1
+        self._held[peer] = self._held.get(peer, 0) + 1
+        self._expired.pop(corr, None)
+        return seq
+
+    def _release(self, corr: int | str) -> None:
+        seq = self._active.pop(corr, None)
+        if seq is None:
+            return
+        self._load[seq.instance] -= 1
+        if self._direct:
+            heapq.heappush(self._free_rows[seq.instance], seq.slot)
+        held = self._held[seq.peer] - 1
+        if held:
+            self._held[seq.peer] = held
+        else:
+            del self._held[seq.peer]
+        self._grant()
+
+    def _grant(self) -> None:
+        """Give free slots to waiting STARTs: each to the START of the client holding the
+        fewest slots, the oldest first among equals (and every START of the same sequence id
+        with it)."""
+        while self._waiting and len(self._active) < self.capacity:
+            held = self._held
+            entry = min(self._waiting, key=lambda w: (held.get(w.peer, 0), w.order))
+            seq = self._active.get(entry.corr) or self._open(entry.corr, entry.peer)
+            for same in [w for w in self._waiting if w.corr == entry.corr]:
+                self._unwait(same)
+                if not same.future.done():
+                    same.future.set_result(seq)
+
+    def reap(self, now_ns: int) -> list[int | str]:
+        """Release every sequence idle longer than ``max_sequence_idle_microseconds`` at
+        ``now_ns`` (the reaper task calls this); returns their ids."""
+        idle_ns = self.spec.max_sequence_idle_us * 1000
+        idle = []
+        for corr, seq in self._active.items():  # least recently used first
+            if seq.busy:
+                continue  # a request of it is running: not idle
+            if now_ns - seq.last_ns <= idle_ns:
+                break  # neither is any used later
+            idle.append(corr)
+        for corr in idle:
+            self._expired[corr] = None
+            if len(self._expired) > EXPIRED_REMEMBERED:
+                self._expired.popitem(last=False)
+            self._release(corr)
+        return idle
 
     async def _reap(self) -> None:
-        idle_ns = self.spec.max_sequence_idle_us * 1000
-        period = min(max(self.spec.max_sequence_idle_us / 2e6, 0.01), 1.0)
+        low, high = REAP_PERIOD_S
+        period = min(max(self.spec.max_sequence_idle_us / 4e6, low), high)
         while True:
             await asyncio.sleep(period)
-            now = self.clock.now_ns()
-            for corr, seq in list(self._active.items()):
-                if seq.busy == 0 and now - seq.last_ns > idle_ns:
-                    self._expired[corr] = None
-                    while len(self._expired) > 4096:
-                        self._expired.popitem(last=False)
-                    await self._release(corr)
+            self.reap(self.clock.now_ns())
 
     async def _dispatch(self, instance: int) -> None:
         queue = self._queues[instance]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,8 @@ import pytest
 import flowserve
 from flowserve.core.clock import MONOTONIC, Clock, FakeClock
 from flowserve.core.errors import ErrorCode, FlowserveError
-from flowserve.nodes.sequence import SequenceBatcher
+from flowserve.core.types import InferRequest
+from flowserve.nodes.sequence import MAX_WAITING_STARTS_PER_CLIENT, SequenceBatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,3 +160,117 @@ async def test_direct_strategy_keeps_each_sequence_in_its_batch_slot(slots_engin
     assert all(r[2] == [1, 1, 1, -1] for r in results)
     stats = slots_engine.registry.get("sequence_slots").stats
     assert stats.inference_count == 10  # null requests are not counted as inferences
+
+
+# ---------------------------------------------------------------- slots: idle release, fairness
+
+A, B = "10.0.0.1", "10.0.0.2"  # two clients (Context.peer)
+
+
+async def start_from(engine: flowserve.Engine, peer: str, corr: int, x: int = 1) -> int:
+    """A sequence START from client ``peer``; the running sum it answers."""
+    request = InferRequest(
+        "sequence_accumulate",
+        {"INPUT": np.array([[x]], np.int32)},
+        parameters={"sequence_id": corr, "sequence_start": True},
+        peer=peer,
+    )
+    response = await engine.infer_request(request)
+    return int(response.outputs["OUTPUT"][0, 0])
+
+
+def sequence_batcher(engine: flowserve.Engine) -> SequenceBatcher:
+    batcher = engine.registry.get("sequence_accumulate").executor.nodes[0]
+    assert isinstance(batcher, SequenceBatcher)
+    return batcher
+
+
+async def settle(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    """Let the loop run (the reaper's period is loop time) until ``condition`` holds."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
+
+
+async def test_never_ended_sequences_lose_their_slots_after_the_idle_time(tmp_path: Path) -> None:
+    """The attack: one client fills every slot with STARTs it never ends, and queues many more;
+    another client's START gets the first slot freed, once the idle time has passed."""
+    clock = FakeClock(1_000_000)
+    async with _serving(tmp_path, "sequence_accumulate", clock) as engine:
+        batcher = sequence_batcher(engine)
+        assert batcher.capacity == 8  # 2 instances x max_batch_size 4
+        for corr in range(1, 9):
+            assert await start_from(engine, A, corr) == 1
+        backlog = [asyncio.create_task(start_from(engine, A, corr)) for corr in range(100, 120)]
+        other = asyncio.create_task(start_from(engine, B, 7777, 5))
+        await asyncio.sleep(0.3)  # loop time only: the fake clock has not moved, nothing is idle
+        assert not other.done() and not any(t.done() for t in backlog)
+        clock.advance(200_000 * 1000 + 1)  # past the model's idle limit (200 ms)
+        assert await settle(other.done)
+        assert other.result() == 5
+        assert set(batcher._active) == {7777, *range(100, 107)}  # the rest of A's wait on
+        assert sum(not t.done() for t in backlog) == 13
+        for task in backlog:
+            task.cancel()
+        await asyncio.gather(*backlog, return_exceptions=True)
+        assert batcher._waiting == [] and batcher._waiting_of == {}
+
+
+async def test_one_client_may_have_only_so_many_starts_waiting(tmp_path: Path) -> None:
+    async with _serving(tmp_path, "sequence_accumulate", FakeClock()) as engine:
+        batcher = sequence_batcher(engine)
+        for corr in range(1, 9):
+            await start_from(engine, A, corr)
+        waiting = [
+            asyncio.create_task(start_from(engine, A, corr))
+            for corr in range(100, 100 + MAX_WAITING_STARTS_PER_CLIENT)
+        ]
+        await settle(lambda: len(batcher._waiting) == MAX_WAITING_STARTS_PER_CLIENT)
+        with pytest.raises(
+            FlowserveError, match=r"all 8 sequence slots are taken and client 10\.0\.0\.1"
+        ) as info:
+            await start_from(engine, A, 999)
+        assert info.value.code is ErrorCode.UNAVAILABLE
+        other = asyncio.create_task(start_from(engine, B, 555))  # another client still waits its turn
+        await settle(lambda: len(batcher._waiting) == MAX_WAITING_STARTS_PER_CLIENT + 1)
+        assert not other.done()
+        for task in [*waiting, other]:
+            task.cancel()
+        await asyncio.gather(*waiting, other, return_exceptions=True)
+
+
+async def test_a_freed_slot_goes_to_the_client_holding_the_fewest(tmp_path: Path) -> None:
+    async with _serving(tmp_path, "sequence_accumulate", FakeClock()) as engine:
+        batcher = sequence_batcher(engine)
+        for corr in range(1, 9):
+            await start_from(engine, A, corr)
+        first = asyncio.create_task(start_from(engine, A, 100))  # waits first...
+        await settle(lambda: len(batcher._waiting) == 1)
+        second = asyncio.create_task(start_from(engine, B, 200))  # ...but B holds no slot
+        await settle(lambda: len(batcher._waiting) == 2)
+        await step(engine, 3, 1, end=True)  # A ends one of its sequences: one slot is free
+        assert await second == 1
+        assert not first.done()
+        await step(engine, 4, 1, end=True)
+        assert await first == 1
+
+
+def test_reap_releases_the_idle_least_recently_used_first() -> None:
+    from flowserve.spec.sequence import SequenceSpec
+
+    class Inner:
+        name = "m"
+
+    clock = FakeClock()
+    batcher = SequenceBatcher(Inner(), SequenceSpec(max_sequence_idle_us=1000), 4, clock)  # type: ignore[arg-type]
+    batcher._load, batcher._free_rows, batcher._next_row = [0], [[]], [0]
+    for corr in (1, 2, 3):
+        batcher._open(corr, A)
+        clock.advance(400_000)
+    batcher._active[1].busy = 1  # a request of it runs: never idle
+    batcher._active.move_to_end(2)  # 2 was used last
+    clock.advance(700_000)  # 1: 1.9 ms, 3: 1.1 ms, 2: 1.5 ms since they were last used
+    assert batcher.reap(clock.now_ns()) == [3, 2]
+    assert list(batcher._active) == [1] and batcher._free_rows == [[1, 2]] and batcher._held == {A: 1}
