@@ -112,7 +112,7 @@ class Server:
             max_connections_per_peer=opts.max_connections_per_peer,
             unsent=ByteBudget(opts.max_unsent_response_bytes, count_small=True),
         )
-        open_files_for(opts.max_connections)
+        open_files_for(opts.max_connections, regions=shm.max_regions if opts.allow_shm else 0)
         plane = ServerPlane(engine, shm, opts.limits, admission=admission, guards=guards)
         plane.strict_readiness = opts.strict_readiness
         if opts.log_file:
@@ -344,15 +344,16 @@ def startup_table(plane: DataPlane, addresses: list[tuple[str, str]]) -> str:
 SPARE_FDS = 256
 
 
-def open_files_for(max_connections: int, listeners: int = 3) -> int:
+def open_files_for(max_connections: int, listeners: int = 3, regions: int = 0) -> int:
     """Raise the soft limit on open files so that every listener can hold ``max_connections``
     (a cap the kernel's limit undercuts would never be reached: accept() fails with EMFILE
-    first, for every listener at once, with nothing in the log); warn when the hard limit does
-    not allow it. Returns the soft limit in force."""
+    first, for every listener at once, with nothing in the log), and ``regions`` shared-memory
+    regions (each keeps its object open) on top; warn when the hard limit does not allow it.
+    Returns the soft limit in force."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = listeners * max_connections + SPARE_FDS if max_connections else soft
+    needed = listeners * max_connections + regions + SPARE_FDS if max_connections else soft
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
         try:

@@ -1,9 +1,21 @@
 """System shared memory regions registered by clients (Triton's system_shared_memory extension).
 
-A region is a POSIX shared memory object (``/dev/shm/<key>``) mapped once at registration;
-inputs are read from it and outputs written to it, every access bounds-checked. Registration
-is open to any client by default (as in Triton), so the number of regions is bounded
-(:data:`MAX_REGIONS`): each is a mapping the process holds until it is unregistered.
+A region is a POSIX shared memory object (``/dev/shm/<key>``) opened once at registration
+and kept open until it is unregistered; inputs are read from it with ``pread`` and outputs
+written to it with ``pwrite``, every access bounds-checked against the span registered and
+against the object's size at that moment. Registration is open to any client by default (as in
+Triton), so the number of regions is bounded (:data:`MAX_REGIONS`): each holds one file
+descriptor.
+
+Why no mapping: the client owns the object and may shrink it (``ftruncate``) at any time.
+Touching a mapped page past the object's end raises SIGBUS, which kills the process (Triton
+2.51 dies this way); ``pread`` and ``pwrite`` cannot fault. A read past the end comes back
+short: the request gets INVALID_ARGUMENT naming the region, the tensor, the span and the
+object's size now. A write checks the size first (``fstat``: past the end ``pwrite`` would
+grow the object again); a shrink between that check and the copy only grows it back within
+the span the client registered. Either way the server lives. The cost against a copy through
+a mapping is in ``benchmarks/shm_path.py`` (a syscall or two per tensor; a 16 MiB output is
+faster, as numeric outputs are written from the array's own buffer).
 
 Region names are one namespace with CUDA shared memory (:mod:`flowserve.dataplane.cudashm`),
 as in Triton: :meth:`SharedMemoryRegistry.read_tensor` and :meth:`~SharedMemoryRegistry.write_tensor`,
@@ -12,11 +24,10 @@ which the front ends call, find a name in either.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
+import errno
 import os
 import stat
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,8 +43,22 @@ if TYPE_CHECKING:
     from flowserve.dataplane.cudashm import CudaSharedMemoryRegistry
 
 SHM_ROOT = Path("/dev/shm")
-# regions registered at once (Linux allows a process about 65k mappings in all)
+# regions registered at once: each holds a file descriptor (server.open_files_for counts them)
 MAX_REGIONS = 4096
+
+
+class _File:
+    """An open shared memory object, closed when the last reference to it goes: a read in a
+    worker thread holds one, so an unregister meanwhile never closes the descriptor under it
+    (nor lets the number be reused for another file before the read is done)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        _close(self.fd)
 
 
 @dataclass(slots=True)
@@ -42,7 +67,7 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    file: _File
 
     def status(self) -> dict[str, object]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -91,40 +116,30 @@ class SharedMemoryRegistry:
             # regular file: a FIFO or device under /dev/shm is not a region
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # no descriptor left for it
+                raise ResourceExhausted(
+                    f"shared memory region '{name}': cannot open key '{key}': {exc.strerror}"
+                ) from None
             raise InvalidArgument(
                 f"unable to open shared memory region '{name}' with key '{key}': {exc.strerror}"
             ) from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise InvalidArgument(
-                    f"shared memory region '{name}': key '{key}' is not a shared memory object"
-                )
-            size = info.st_size
-            if offset + byte_size > size:
-                raise InvalidArgument(
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"exceeds the object's size {size}"
-                )
-            try:
-                mapping = mmap.mmap(fd, size)
-            except OSError as exc:  # no address space or mapping left for it
-                raise ResourceExhausted(
-                    f"shared memory region '{name}': cannot map key '{key}': {exc.strerror}"
-                ) from None
-        finally:
-            os.close(fd)
-        self._regions[name] = Region(name, key, offset, byte_size, mapping)
+        file = _File(fd)  # closes the descriptor if the checks below refuse the region
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidArgument(f"shared memory region '{name}': key '{key}' is not a shared memory object")
+        if offset + byte_size > info.st_size:
+            raise InvalidArgument(
+                f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                f"exceeds the object's size {info.st_size}"
+            )
+        self._regions[name] = Region(name, key, offset, byte_size, file)
 
     def unregister(self, name: str = "") -> None:
         self._check_enabled()
         names = [name] if name else list(self._regions)
         for n in names:
-            region = self._regions.pop(n, None)
-            if region is not None:
-                # BufferError: a view is still alive; the mapping closes when it dies
-                with contextlib.suppress(BufferError):
-                    region.mapping.close()
+            # its descriptor closes with the last reference (at once, unless a read holds it)
+            self._regions.pop(n, None)
 
     def status(self, name: str = "") -> list[dict[str, object]]:
         self._check_enabled()
@@ -143,17 +158,38 @@ class SharedMemoryRegistry:
         return region, region.offset + offset
 
     def read(self, name: str, offset: int, byte_size: int, tensor: str) -> bytes:
+        """``byte_size`` bytes at ``offset`` in region ``name``, for input ``tensor``."""
         region, start = self._span(name, offset, byte_size, tensor)
-        return bytes(region.mapping[start : start + byte_size])
-
-    def write(self, name: str, offset: int, byte_size: int, data: bytes, tensor: str) -> None:
-        region, start = self._span(name, offset, byte_size, tensor)
-        if len(data) > byte_size:
+        file = region.file  # held for the read: see _File
+        try:
+            data = _pread(file.fd, byte_size, start)
+        except OSError as exc:
             raise InvalidArgument(
-                f"output '{tensor}' needs {len(data)} bytes, but shared memory region '{name}' "
+                f"tensor '{tensor}': cannot read shared memory region '{name}': {exc.strerror}"
+            ) from None
+        if data is None:  # the object ends before the span: pread stopped there
+            raise _past_end(region, file, offset, byte_size, tensor)
+        return data
+
+    def write(self, name: str, offset: int, byte_size: int, data: memoryview, tensor: str) -> None:
+        """``data`` (bytes of output ``tensor``) at ``offset`` in region ``name``, whose span
+        for it is ``byte_size`` bytes."""
+        region, start = self._span(name, offset, byte_size, tensor)
+        size = data.nbytes
+        if size > byte_size:
+            raise InvalidArgument(
+                f"output '{tensor}' needs {size} bytes, but shared memory region '{name}' "
                 f"was given {byte_size}"
             )
-        region.mapping[start : start + len(data)] = data
+        file = region.file
+        # past the object's end pwrite would grow it back: the client gets an error instead
+        _check_size(region, file, offset, size, tensor)
+        try:
+            _pwrite(file.fd, data, start)
+        except OSError as exc:  # e.g. ENOSPC: the client's object is sparse and /dev/shm is full
+            raise InvalidArgument(
+                f"output '{tensor}': cannot write shared memory region '{name}': {exc.strerror}"
+            ) from None
 
     def read_tensor(
         self,
@@ -196,13 +232,64 @@ class SharedMemoryRegistry:
         if cuda is not None and region not in self._regions and cuda.has(region):
             return cuda.write(region, offset, byte_size, value, tensor)
         array = value if isinstance(value, np.ndarray) else to_host(value)[0]
-        data = to_raw(array)
+        data = _raw_view(array)
         self.write(region, offset, byte_size, data, tensor)
-        return len(data)
+        return data.nbytes
 
     def close(self) -> None:
         for region in list(self._regions.values()):
             self.unregister(region.name)
+
+
+def _check_size(region: Region, file: _File, offset: int, byte_size: int, tensor: str) -> None:
+    """The object behind ``region`` still holds ``offset`` + ``byte_size`` (its client may
+    have shrunk it since it was registered)."""
+    if region.offset + offset + byte_size > os.fstat(file.fd).st_size:
+        raise _past_end(region, file, offset, byte_size, tensor)
+
+
+def _past_end(region: Region, file: _File, offset: int, byte_size: int, tensor: str) -> InvalidArgument:
+    """The error for a span past the end of a region's object, naming its size now."""
+    size = os.fstat(file.fd).st_size
+    start = region.offset + offset
+    return InvalidArgument(
+        f"tensor '{tensor}': shared memory region '{region.name}' (key '{region.key}') is {size} bytes "
+        f"now, offset {offset} + byte_size {byte_size} (bytes {start} to {start + byte_size} of the "
+        "object) is past its end: was it truncated after it was registered?"
+    )
+
+
+def _pread(fd: int, size: int, start: int) -> bytes | None:
+    """``size`` bytes at ``start`` of ``fd``; None when the file ends first."""
+    data = os.pread(fd, size, start)
+    if len(data) == size:
+        return data
+    parts = [data]  # a short read: one read's cap (about 2 GiB), or the end of the file
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, start + got)
+        if not more:
+            return None
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _pwrite(fd: int, data: memoryview, start: int) -> None:
+    """All of ``data`` at ``start`` of ``fd`` (past the file's end it grows, never faults)."""
+    done = os.pwrite(fd, data, start)
+    while done < data.nbytes:
+        done += os.pwrite(fd, data[done:], start + done)
+
+
+def _raw_view(array: np.ndarray) -> memoryview:
+    """The raw little-endian bytes of a tensor: numeric ones straight from the array's
+    buffer (no copy when it is contiguous), BYTES ones length-prefixed."""
+    if array.dtype.kind in "OSU":
+        return memoryview(to_raw(array))
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def check_span(kind: str, name: str, size: int, offset: int, byte_size: int, tensor: str) -> None:

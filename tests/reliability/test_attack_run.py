@@ -1,0 +1,289 @@
+"""Two attacks from an outside run against ``flowserve serve`` (default flags and ``--workers 2``),
+each with a good client answered promptly meanwhile, over HTTP and gRPC with tritonclient:
+
+- a system shared-memory region whose object the client shrinks (``ftruncate``) after
+  registering it: reading an input from it or writing an output into it touched a mapped page
+  past the object's end, SIGBUS, and the process died (``Fatal Python error: Bus error``;
+  Triton 2.51 dies too). Now: INVALID_ARGUMENT naming the region, the tensor, the span and the
+  object's size now, and the server lives, also while the size flips under a stream of requests.
+- one request of 20 million empty BYTES elements (76 MiB, within every other limit) held the
+  event loop for about 15 s. Now: refused before any element is decoded (the per-request bound
+  ``--max-bytes-elements-per-request``, naming model, tensor and flag), and BYTES decoding
+  below the bound runs in a worker thread.
+
+The server runs in a subprocess, so a crash is a failed test, not a dead pytest.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ServerProcess, start_server
+
+pytestmark = pytest.mark.slow
+
+PROMPT_S = 1.0  # the slowest answer a good client may see while an attack runs (usually ~10 ms)
+PROTOCOLS: dict[str, ModuleType] = {"http": httpclient, "grpc": grpcclient}
+ROW = np.arange(16, dtype=np.int32).reshape(1, 16)
+CRASHED = ("Fatal Python error", "Bus error", "died", "killed by signal")
+
+
+@pytest.fixture(scope="module", params=["default", "workers"])
+def served(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """``flowserve serve`` with default flags (shared memory is on by default), or with
+    ``--workers 2``; only the models these tests use are loaded."""
+    workers = ("--workers", "2") if request.param == "workers" else ()
+    server = start_server(
+        *workers, "--model-control-mode=explicit", "--load-model=simple", "--load-model=identity_string",
+        timeout=180.0,
+    )  # fmt: skip
+    try:
+        yield server
+    finally:
+        assert server.stop(60.0) == 0, server.log()[-4000:]
+
+
+def connect(served: ServerProcess, protocol: str) -> Any:
+    """A new tritonclient client (its own connection: with --workers 2, either worker)."""
+    if protocol == "http":
+        return httpclient.InferenceServerClient(served.http_url, network_timeout=120.0)
+    return grpcclient.InferenceServerClient(served.grpc_url)
+
+
+def good_inputs(module: ModuleType) -> list[Any]:
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(ROW)
+        inputs.append(tensor)
+    return inputs
+
+
+class Prober:
+    """A good client inferring ``simple`` over and over on its own connection while an attack
+    runs: the slowest answer is what it saw. (Its client lives in its thread: tritonclient's
+    HTTP client is gevent's, bound to the thread that made it.)"""
+
+    def __init__(self, served: ServerProcess, protocol: str) -> None:
+        self.served = served
+        self.protocol = protocol
+        self.slowest = 0.0
+        self.answers = 0
+        self.errors: list[str] = []
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        assert self._ready.wait(60) and not self.errors, self.errors  # answered once before the attack
+        return self
+
+    def _run(self) -> None:
+        client = connect(self.served, self.protocol)
+        inputs = good_inputs(PROTOCOLS[self.protocol])
+        try:
+            while True:
+                started = time.monotonic()
+                result = client.infer("simple", inputs)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ROW + ROW)
+                self.slowest = max(self.slowest, time.monotonic() - started)
+                self.answers += 1
+                self._ready.set()
+                if self._stop.wait(0.02):
+                    return
+        except Exception as exc:  # the server died or stalled: the test says which
+            self.errors.append(repr(exc))
+            self._ready.set()
+        finally:
+            client.close()
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + 10.0
+        while self.answers < 2 and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.01)  # at least one answer while the attack ran, or its end
+        self._stop.set()
+        self._thread.join(30)
+        assert not self.errors, self.errors
+        assert self.answers > 1 and self.slowest < PROMPT_S, (self.answers, self.slowest)
+
+
+def assert_alive(served: ServerProcess, protocol: str) -> None:
+    """The server (every worker) still answers, and nothing crashed on the way."""
+    assert served.process.poll() is None, served.log()[-4000:]
+    client = connect(served, protocol)
+    try:
+        for _ in range(4):  # new connections: with --workers 2, most likely both workers
+            result = client.infer("simple", good_inputs(PROTOCOLS[protocol]))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ROW - ROW)
+    finally:
+        client.close()
+    log = served.log()
+    assert not any(word in log for word in CRASHED), log[-4000:]
+
+
+def refused(call: Callable[[], object], protocol: str, code: str) -> str:
+    """The message of the error ``call`` fails with, having checked its status."""
+    with pytest.raises(InferenceServerException) as err:
+        call()
+    http_status = {"INVALID_ARGUMENT": "400", "RESOURCE_EXHAUSTED": "413"}[code]
+    assert err.value.status() == (http_status if protocol == "http" else f"StatusCode.{code}"), err.value
+    return str(err.value.message())
+
+
+# ------------------------------------------------------------------ item 4: a truncated region
+
+
+class Region:
+    """A client's system shared-memory region (tritonclient.utils.shared_memory), registered
+    with the server, that the client can shrink or grow under it."""
+
+    def __init__(self, client: Any, byte_size: int) -> None:
+        self.name = f"trunc-{uuid.uuid4().hex[:12]}"
+        self.key = self.name
+        self.byte_size = byte_size
+        self.handle = shm.create_shared_memory_region(self.name, f"/{self.key}", byte_size)
+        self.client = client
+        client.register_system_shared_memory(self.name, f"/{self.key}", byte_size)
+
+    def resize(self, size: int) -> None:
+        fd = os.open(f"/dev/shm/{self.key}", os.O_RDWR)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.client.unregister_system_shared_memory(self.name)
+        shm.destroy_shared_memory_region(self.handle)
+
+
+@pytest.fixture(params=list(PROTOCOLS))
+def protocol(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def client(served: ServerProcess, protocol: str) -> Iterator[Any]:
+    c = connect(served, protocol)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def region(client: Any) -> Iterator[Region]:
+    r = Region(client, 2 * ROW.nbytes)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def shm_inputs(module: ModuleType, region: Region) -> list[Any]:
+    """INPUT0 and INPUT1 read from ``region`` (at offsets 0 and 64)."""
+    inputs = []
+    for i, name in enumerate(("INPUT0", "INPUT1")):
+        tensor = module.InferInput(name, [1, 16], "INT32")
+        tensor.set_shared_memory(region.name, ROW.nbytes, offset=i * ROW.nbytes)
+        inputs.append(tensor)
+    return inputs
+
+
+def shm_outputs(module: ModuleType, region: Region) -> list[Any]:
+    """OUTPUT0 and OUTPUT1 written into ``region`` (at offsets 0 and 64)."""
+    outputs = []
+    for i, name in enumerate(("OUTPUT0", "OUTPUT1")):
+        out = module.InferRequestedOutput(name)
+        out.set_shared_memory(region.name, ROW.nbytes, offset=i * ROW.nbytes)
+        outputs.append(out)
+    return outputs
+
+
+@pytest.mark.parametrize("direction", ["input", "output"])
+@pytest.mark.parametrize("size", [0, 100])
+def test_a_truncated_region_is_a_clear_error_not_a_crash(
+    served: ServerProcess, protocol: str, client: Any, region: Region, direction: str, size: int
+) -> None:
+    """Shrunk to nothing, or to 100 bytes (inside the first page, where a mapping would read
+    zeros past the end rather than fault): the second tensor's span (bytes 64 to 128) is past
+    the end either way, and the answer says so."""
+    module = PROTOCOLS[protocol]
+    shm.set_shared_memory_region(region.handle, [ROW, ROW])
+    region.resize(size)
+
+    def attack(c: Any) -> object:
+        if direction == "input":
+            return c.infer("simple", shm_inputs(module, region))
+        return c.infer("simple", good_inputs(module), outputs=shm_outputs(module, region))
+
+    with Prober(served, protocol):
+        for _ in range(4):  # a new connection each time: with --workers 2, most likely both workers
+            attacker = connect(served, protocol)
+            try:
+                message = refused(functools.partial(attack, attacker), protocol, "INVALID_ARGUMENT")
+            finally:
+                attacker.close()
+            tensor = "INPUT0" if size == 0 else "INPUT1"
+            tensor = tensor if direction == "input" else tensor.replace("INPUT", "OUTPUT")
+            assert f"tensor '{tensor}'" in message and f"region '{region.name}'" in message, message
+            assert f"is {size} bytes now" in message and "byte_size 64" in message, message
+    assert_alive(served, protocol)
+    region.resize(region.byte_size)  # grown again: the region works as before
+    shm.set_shared_memory_region(region.handle, [ROW, 2 * ROW])
+    result = client.infer("simple", shm_inputs(module, region))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 3 * ROW)
+
+
+def test_a_region_whose_size_flips_under_requests_never_crashes(
+    served: ServerProcess, protocol: str, client: Any, region: Region
+) -> None:
+    """The race a size check alone leaves open: the object shrinks between the check and the
+    copy. A thread flips the size as fast as it can while requests read inputs from the region
+    and write outputs into it: each is answered (with whatever the region held) or refused with
+    a clear INVALID_ARGUMENT, and the server lives."""
+    module = PROTOCOLS[protocol]
+    out = Region(client, 2 * ROW.nbytes)
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for r in (region, out):
+                r.resize(0)
+                r.resize(r.byte_size)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    answers = errors = 0
+    try:
+        with Prober(served, protocol):
+            flipper.start()
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                try:
+                    client.infer("simple", shm_inputs(module, region), outputs=shm_outputs(module, out))
+                    answers += 1
+                except InferenceServerException as exc:
+                    assert "INVALID_ARGUMENT" in str(exc.status()) or exc.status() == "400", exc
+                    assert "past its end" in str(exc.message()), exc
+                    errors += 1
+    finally:
+        stop.set()
+        flipper.join(10)
+        out.close()
+    assert answers + errors > 10, (answers, errors)
+    assert_alive(served, protocol)
