@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from flowserve.core.limits import Limits
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import ByteBudget, Guards
+from flowserve.dataplane.inflate import RATIO
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import HTTP_SERVERS, jsonfmt, start_http
 from flowserve.frontends.http.http1 import Http1Server
@@ -174,6 +176,72 @@ async def test_a_gzip_bomb_is_inflated_in_steps_off_the_loop(start: Start) -> No
         request("POST", "/v2/models/scale/infer", gzip.compress(scale_body(4)), "Content-Encoding: gzip"),
     )
     assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2, 2, 2, 2]
+
+
+async def test_a_bomb_stops_at_its_ratio_and_counts_against_the_budget(start: Start) -> None:
+    """A bomb well under the request limit stops at RATIO times its size (413 naming the
+    ratio), however large the limit; a body that does inflate takes the budget as it grows
+    (503 naming --max-buffered-request-bytes when it is spent, before all of it exists), and
+    all of it comes back."""
+    served = await start()  # the default 256 MiB request limit
+    payload = bomb(64 << 20)  # 64 MiB of zeros in ~64 KB: 1000:1
+    raw = request("POST", "/v2/models/scale/infer", payload, "Content-Encoding: gzip")
+    async with Prober(served):
+        status, _, body = await call(served, raw)
+    assert status == 413 and f"exceeds {RATIO} times its compressed size of {len(payload)} bytes" in error(body)
+    # a binary request whose 16 MiB tensor compresses about 4:1 (4 MiB sent)
+    tensor = np.random.default_rng(0).integers(0, 4, 4 << 20, dtype=np.int32)
+    header = jsonfmt.dumps(
+        {"inputs": [{"name": "x", "datatype": "INT32", "shape": [tensor.size],
+                     "parameters": {"binary_data_size": tensor.nbytes}}],
+         "parameters": {"binary_data_output": True}}
+    )  # fmt: skip
+    packed = gzip.compress(header + tensor.tobytes(), 1)
+    raw = request(
+        "POST", "/v2/models/scale/infer", packed, "Content-Encoding: gzip",
+        f"Inference-Header-Content-Length: {len(header)}",
+    )  # fmt: skip
+    for budget, answer in ((ByteBudget(24 << 20), 503), (ByteBudget(64 << 20), 200)):
+        served = await start(guards=Guards(budget=budget))
+        async with Prober(served):
+            status, headers, body = await call(served, raw)
+        assert status == answer, body[:300]
+        if status == 503:  # its 4 MiB fit; the inflated bytes (16 MiB, joined: twice) do not
+            assert "decompressing the request body" in error(body)
+            assert "(--max-buffered-request-bytes 25165824)" in error(body)
+        else:
+            length = int(headers[b"inference-header-content-length"])
+            assert (np.frombuffer(body[length:], np.int32) == tensor * 2).all()
+        assert budget.in_use == 0
+
+
+async def test_a_chunked_json_body_is_refused_as_soon_as_it_passes_the_json_limit(start: Start) -> None:
+    """The JSON limit holds for a chunked body as it arrives: 413 while the client is still
+    sending (it never ends its body here), the rest dropped, the budget back to zero."""
+    served = await start(max_json_bytes=1 << 20)
+    reader, writer = await served.open()
+    writer.write(request("POST", "/v2/models/scale/infer", b"", "Transfer-Encoding: chunked"))
+    chunk = b" " * (64 << 10)
+    async with Prober(served):
+        with contextlib.suppress(ConnectionError):
+            for _ in range(24):  # 1.5 MiB, and no last chunk: the body never ends
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        status, headers, body = await read_response(reader)
+    assert status == 413 and headers[b"connection"] == b"close"
+    assert f"limit of {1 << 20} bytes for JSON (--http-max-json-bytes)" in error(body) and "binary" in error(body)
+    writer.close()
+    await until(lambda: served.plane.guards.budget.in_use == 0)
+    # the same for the other JSON endpoints (here: the repository index)
+    reader, writer = await served.open()
+    writer.write(request("POST", "/v2/repository/index", b"", "Transfer-Encoding: chunked"))
+    with contextlib.suppress(ConnectionError):
+        for _ in range(24):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+    status, _, body = await read_response(reader)
+    assert status == 413 and "repository index request exceeds" in error(body)
+    writer.close()
 
 
 async def test_large_json_is_parsed_off_the_loop_and_bounded(start: Start) -> None:

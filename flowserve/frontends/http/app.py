@@ -14,9 +14,14 @@ What a client can make the server hold or do, and its bound:
   given back once, when the request's answer has been sent (or it failed, or the client
   left), so they cover the body and what is decoded from it (tensors are views of a binary
   body). Small requests take no part in this: one comparison on their path.
-- a compressed body: inflated in ``INFLATE_STEP`` steps, each checked against the request
-  size limit (a bomb stops one step past it), in a worker thread when the compressed body is
-  over ``INFLATE_IN_THREAD`` (zlib releases the GIL); the inflated bytes take budget too.
+- a compressed body: inflated by :mod:`flowserve.dataplane.inflate` (as gRPC's are), in
+  steps, at most ``inflate.INLINE`` bytes on the loop and the rest in a worker thread, never
+  past the request limit (a JSON body: ``max_json_bytes``) nor past ``inflate.RATIO`` times
+  its compressed size (413, naming the bound), its inflated bytes taken from the budget as
+  they are produced (503 when they do not fit) and held until the answer is sent; then freed
+  memory goes back to the system (``memory.trimmer``).
+- a JSON body (all JSON: no Inference-Header-Content-Length) is held to ``max_json_bytes``
+  as it arrives, chunked or not (413 as soon as it passes; nothing more is read).
 - a JSON document: JSON becomes about ``JSON_EXPANSION`` times its size in Python objects, so
   JSON bodies (or the JSON header of a binary request) over ``max_json_bytes`` (default
   ``DEFAULT_MAX_JSON_BYTES``, 32 MiB, never more than the request limit) get 413 naming the
@@ -56,6 +61,8 @@ from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.cudashm import NO_CUDA_SHM
 from flowserve.dataplane.guard import SMALL
 from flowserve.dataplane.headers import forward_headers
+from flowserve.dataplane.inflate import WBITS, Inflater, OverBudget, inflate
+from flowserve.dataplane.memory import trimmer
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
@@ -76,8 +83,7 @@ _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 _JOIN_LIMIT = 1 << 20  # bodies above this go out in several chunks instead of one copy
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
-INFLATE_STEP = 1 << 20  # bytes inflated per step, each checked against the request size limit
-INFLATE_IN_THREAD = 64 << 10  # compressed bodies (or responses to compress) above this: a thread
+INFLATE_IN_THREAD = 64 << 10  # responses to compress above this: a thread
 JSON_IN_THREAD = 1 << 20  # JSON documents above this are parsed in a worker thread, in chunks
 DEFAULT_MAX_JSON_BYTES = 32 << 20  # JSON bodies above this: 413 (use binary tensor data)
 JSON_EXPANSION = 8  # a JSON body becomes about this many times its size in Python objects
@@ -196,6 +202,7 @@ class HttpApp:
             if held:
                 scope[_HELD] = 0
                 self.plane.guards.budget.give(held)
+                trimmer.freed(held)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -467,17 +474,19 @@ class HttpApp:
 
     # ------------------------------------------------------------------ bodies
 
-    async def _body(self, headers: RequestHeaders, receive: Receive, scope: Scope) -> bytes:
+    async def _body(
+        self, headers: RequestHeaders, receive: Receive, scope: Scope, json_what: str | None = None
+    ) -> bytes:
         """The whole request body. A declared size over the limit, or one that does not fit
         the server's budget of buffered request bytes, is refused before anything is read;
-        a chunked body is counted against both as it arrives."""
-        limit = self.plane.limits.max_request_bytes
+        a chunked body is counted against both as it arrives. ``json_what``: the body is all
+        JSON (what it is, for messages), held to ``max_json_bytes`` (compressed or not: gzip
+        never makes JSON larger), chunked or not."""
+        limit = self.plane.limits.max_request_bytes if json_what is None else self.max_json_bytes
         declared = headers.content_length
         if declared is not None:
             if declared > limit:
-                raise BodyRefused(
-                    413, f"request body of {declared} bytes exceeds the server's limit of {limit} bytes"
-                )
+                raise BodyRefused(413, self._too_big(declared, limit, json_what))
             if declared >= SMALL:
                 self._hold(scope, declared, before_body=True)
         message = await receive()
@@ -486,7 +495,7 @@ class HttpApp:
         body: bytes = message.get("body", b"")
         size = len(body)
         if size > limit:
-            raise BodyRefused(413, f"request body exceeds the server's limit of {limit} bytes")
+            raise BodyRefused(413, self._too_big(None, limit, json_what))
         held = declared if declared is not None else 0
         if size > held and size >= SMALL:  # no size declared (chunked), or more than declared
             held += self._hold(scope, max(size - held, held, SMALL), before_body=True)
@@ -499,13 +508,20 @@ class HttpApp:
                 raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:
-                raise BodyRefused(413, f"request body exceeds the server's limit of {limit} bytes")
+            if size > limit:  # what arrived is dropped; the connection closes (BodyRefused)
+                raise BodyRefused(413, self._too_big(None, limit, json_what))
             if size > held and size >= SMALL:  # at least doubled: a few budget calls per body
                 held += self._hold(scope, max(size - held, held, SMALL), before_body=True)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    def _too_big(self, size: int | None, limit: int, json_what: str | None) -> str:
+        """The 413 message for a body of ``size`` bytes (None: more than ``limit``)."""
+        if json_what is not None:
+            return self._json_refusal(size, json_what)
+        shown = f" of {size} bytes" if size is not None else ""
+        return f"request body{shown} exceeds the server's limit of {limit} bytes"
 
     def _hold(self, scope: Scope, size: int, before_body: bool = False) -> int:
         """Take ``size`` (>= SMALL) bytes of the server's budget for this request until its
@@ -517,17 +533,26 @@ class HttpApp:
         scope[_HELD] = scope.get(_HELD, 0) + size
         return size
 
-    async def _inflate(self, body: bytes, encoding: str, scope: Scope) -> bytes:
-        """The decompressed body: in bounded steps, each checked against the request size
-        limit, and in a worker thread when the compressed body is large (zlib lets the GIL
-        go while it inflates); the inflated bytes count against the budget too."""
-        limit = self.plane.limits.max_request_bytes
-        if len(body) <= INFLATE_IN_THREAD:
-            out = _decompress(body, encoding, limit)
+    async def _inflate(self, body: bytes, encoding: str, scope: Scope, json_only: bool) -> bytes:
+        """The decompressed body (:mod:`flowserve.dataplane.inflate`): never past the request
+        limit (``json_only``: the JSON limit) nor ``RATIO`` times its size (413), its bytes
+        taken from the budget as they are inflated (503 when they do not fit) and held until
+        the answer is sent."""
+        wbits = WBITS.get(encoding)
+        if wbits is None:
+            raise Unsupported(f"unsupported Content-Encoding '{encoding}' (supported: gzip, deflate)")
+        if json_only:
+            inflater = Inflater(body, wbits, self.max_json_bytes, self.plane.guards.budget,
+                                limit_text=self._json_limit_text())  # fmt: skip
         else:
-            out = await asyncio.to_thread(_decompress, body, encoding, limit)
-        if len(out) >= SMALL:
-            self._hold(scope, len(out))
+            inflater = Inflater(body, wbits, self.plane.limits.max_request_bytes, self.plane.guards.budget)
+        try:
+            out = await inflate(inflater)
+        except OverBudget as exc:
+            raise HttpStatusError(503, exc.message) from None
+        held = inflater.detach()
+        if held:
+            scope[_HELD] = scope.get(_HELD, 0) + held
         return out
 
     async def _parse_json(self, data: bytes, what: str, scope: Scope) -> Any:
@@ -542,25 +567,23 @@ class HttpApp:
         self._hold(scope, size * JSON_EXPANSION)
         return await asyncio.to_thread(parse_json, data, what, True)
 
-    def _check_json_length(self, headers: RequestHeaders, what: str) -> None:
-        """A body that is all JSON, declared over ``max_json_bytes``: 413 before it is read."""
-        declared = headers.content_length
-        if declared is not None and declared > self.max_json_bytes and not headers.content_encoding:
-            raise BodyRefused(413, self._json_refusal(declared, what))
+    def _json_refusal(self, size: int | None, what: str) -> str:
+        """The 413 message for a JSON body of ``size`` bytes (None: more than the limit)."""
+        shown = f"of {size} bytes " if size is not None else ""
+        return f"{what} {shown}exceeds {self._json_limit_text()}"
 
-    def _json_refusal(self, size: int, what: str) -> str:
+    def _json_limit_text(self) -> str:
         return (
-            f"{what} of {size} bytes exceeds the server's limit of {self.max_json_bytes} bytes "
-            "for JSON; send large tensors as binary data (the binary tensor data extension: "
+            f"the server's limit of {self.max_json_bytes} bytes for JSON (--http-max-json-bytes); "
+            "send large tensors as binary data (the binary tensor data extension: "
             "'binary_data_size' and the Inference-Header-Content-Length header)"
         )
 
     async def _json_body(self, scope: Scope, receive: Receive, what: str) -> Any:
         headers = read_headers(scope)
-        self._check_json_length(headers, what)
-        body = await self._body(headers, receive, scope)
+        body = await self._body(headers, receive, scope, what)
         if headers.content_encoding and headers.content_encoding != "identity":
-            body = await self._inflate(body, headers.content_encoding, scope)
+            body = await self._inflate(body, headers.content_encoding, scope, json_only=True)
         if not body.strip():
             return {}
         return await self._parse_json(body, what, scope)
@@ -686,38 +709,6 @@ def _base64(text: str, what: str) -> bytes:
 
 
 # ------------------------------------------------------------------ compression
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    if encoding == "gzip":
-        wbits = _GZIP_WBITS
-    elif encoding == "deflate":
-        wbits = zlib.MAX_WBITS
-    else:
-        raise Unsupported(f"unsupported Content-Encoding '{encoding}' (supported: gzip, deflate)")
-    inflater = zlib.decompressobj(wbits)
-    parts: list[bytes] = []
-    size = 0
-    data = body
-    try:
-        while True:
-            # at most INFLATE_STEP bytes out of each step: a bomb is stopped one step past the
-            # limit, not after inflating all of it
-            part = inflater.decompress(data, INFLATE_STEP)
-            size += len(part)
-            if size > limit:
-                raise ResourceExhausted(
-                    f"decompressed request body exceeds the server's limit of {limit} bytes"
-                )
-            parts.append(part)
-            data = inflater.unconsumed_tail
-            if not data and (inflater.eof or len(part) < INFLATE_STEP):
-                break
-    except zlib.error as exc:
-        raise InvalidArgument(f"request body is not valid {encoding} data: {exc}") from None
-    if not inflater.eof:
-        raise InvalidArgument(f"request body is truncated {encoding} data")
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _accepted_encoding(accept: str) -> str:
