@@ -297,12 +297,13 @@ def _open(sid: int) -> bytes:
     [
         (b"", frame(PING, 0, 0, bytes(8))),
         (b"", frame(SETTINGS, 0, 0)),
+        (b"", frame(SETTINGS, 0x1, 0)),  # ACKs of SETTINGS this side never sent
         (b"", frame(PRIORITY, 0, 3, bytes(5))),
         (b"", frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big"))),
         (b"", frame(0x42, 0, 0, b"?")),  # unknown frame type
         (_open(1), frame(DATA, 0, 1, b"")),
     ],
-    ids=["ping", "settings", "priority", "window_update", "unknown", "empty_data"],
+    ids=["ping", "settings", "settings_ack", "priority", "window_update", "unknown", "empty_data"],
 )
 async def test_control_frame_floods_end_the_connection(start: Start, setup: bytes, unit: bytes) -> None:
     server = await start()
@@ -323,6 +324,42 @@ async def test_control_frame_floods_end_the_connection(start: Start, setup: byte
     code, slowest, _ = await under_attack(server, attack)
     assert code == ENHANCE_YOUR_CALM
     assert slowest < GOOD_LATENCY_S
+
+
+async def test_a_fast_client_takes_no_control_tokens(
+    start: Start, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """perf_analyzer over gRPC was cut off with GOAWAY ENHANCE_YOUR_CALM (logged nowhere): gRPC
+    C-core sends a WINDOW_UPDATE on each new stream and one on the connection as each answer
+    arrives, plus BDP PINGs and a SETTINGS ACK, and the control-frame bucket counted them all,
+    so past 5k calls a second one connection ran it dry. With a bucket of 20 tokens that never
+    refills, a C-core client (grpcio) makes thousands of unary and streamed calls on one
+    connection: none fails, nothing is logged, no token is taken; a flood still ends it."""
+    monkeypatch.setattr(http2, "CONTROL_BURST", 20)
+    monkeypatch.setattr(http2, "CONTROL_RATE", 1e-9)
+    server = await start()
+
+    def calls() -> int:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            echo = channel.unary_unary(SERVICE + "echo")
+            big = channel.unary_unary(SERVICE + "big")
+            for i in range(1500):
+                assert echo(b"x" * (i % 300), timeout=10) == b"x" * (i % 300)
+            for _ in range(100):  # answers of several DATA frames, WINDOW_UPDATEs in between
+                assert len(big(b"300000", timeout=10)) == 300_000
+            stream = channel.stream_stream(SERVICE + "stream")
+            messages = [bytes([i % 256]) * 2000 for i in range(1500)]
+            assert list(stream(iter(messages), timeout=30)) == messages
+        return len(server.connections)
+
+    with caplog.at_level(logging.INFO, logger="flowserve.grpc"):
+        assert await asyncio.to_thread(calls) <= 1
+    assert not [r for r in caplog.records if "GOAWAY" in r.getMessage()]
+    # a flood of PINGs on a connection that earned 4 by opening a stream ends it
+    opening = frame(HEADERS, 0x5, 1, request_headers(SERVICE + "echo"))
+    code = await asyncio.to_thread(flood, server.port, frame(PING, 0, 0, bytes(8)), 1.0, opening)
+    assert code in (None, ENHANCE_YOUR_CALM)
+    assert [r for r in caplog.records if "GOAWAY ENHANCE_YOUR_CALM" in r.getMessage()]
 
 
 async def test_empty_continuation_frames_are_bounded(start: Start) -> None:

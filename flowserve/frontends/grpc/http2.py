@@ -88,6 +88,7 @@ import asyncio
 import logging
 import ssl
 import struct
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -99,7 +100,6 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from flowserve.dataplane.guard import SMALL, ByteBudget, ConnectionGuard
-from flowserve.dataplane.inflate import Corrupt, Inflater, OverBudget, TooLarge, finish, inflate_inline
 
 log = logging.getLogger("flowserve.grpc")
 
@@ -115,6 +115,12 @@ PRIORITY_FLAG = 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
 ENHANCE_YOUR_CALM = 11
+ERROR_NAMES = {
+    NO_ERROR: "NO_ERROR", PROTOCOL_ERROR: "PROTOCOL_ERROR", INTERNAL_ERROR: "INTERNAL_ERROR",
+    FLOW_CONTROL_ERROR: "FLOW_CONTROL_ERROR", STREAM_CLOSED: "STREAM_CLOSED",
+    FRAME_SIZE_ERROR: "FRAME_SIZE_ERROR", REFUSED_STREAM: "REFUSED_STREAM", CANCEL: "CANCEL",
+    COMPRESSION_ERROR: "COMPRESSION_ERROR", ENHANCE_YOUR_CALM: "ENHANCE_YOUR_CALM",
+}  # fmt: skip
 # settings identifiers
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 MAX_HEADER_LIST_SIZE = 6
@@ -156,6 +162,14 @@ MAX_STALLED_IN = 4 * 1024 * 1024
 # control frames a connection may send at once, and per second after that
 CONTROL_BURST = 10_000
 CONTROL_RATE = 10_000.0
+# control frames a well-behaved client sends because of calls, which take no token: gRPC C-core
+# sends a WINDOW_UPDATE on each new stream, one on the connection as each answer arrives, and
+# now and then a PING probing the bandwidth (BDP), so each stream opened earns this many, and
+# each send of response DATA (of CREDITED_FLUSH bytes or all a stream had queued) earns
+# CONTROLS_PER_FLUSH (the WINDOW_UPDATEs answering it); at most CONTROL_BURST are banked
+CONTROLS_PER_STREAM = 4
+CONTROLS_PER_FLUSH = 2
+CREDITED_FLUSH = 4096
 # streams a client may reset before they ended (or open past MAX_STREAMS) at once, and per second
 RESET_BURST = 1_000
 RESET_RATE = 200.0
@@ -210,17 +224,17 @@ class ResponseCompression:
 
 
 def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
-    """A compressed message inflated, or None when it inflates past ``limit`` bytes or past
-    ``inflate.RATIO`` times its size (inflating stops there: a small bomb cannot take the
-    memory it would expand to); uncounted (the server's path is ``Connection._message``)."""
+    """A compressed message inflated, or None when it inflates past ``limit`` bytes (inflating
+    stops there: a small bomb cannot take the memory it would expand to)."""
     if wbits is None:
         return data
-    try:
-        return inflate_inline(Inflater(data, wbits, limit, what="request message"), limit + 1)
-    except TooLarge:
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit:
         return None
-    except Corrupt as exc:
-        raise zlib.error(exc.message) from None
+    if not inflater.eof:
+        raise zlib.error("the compressed message ends early")
+    return out
 
 
 class _Refused(Exception):
@@ -232,19 +246,20 @@ class _Refused(Exception):
         self.message = message
 
 
-async def _inflate_rest(inflater: Inflater, parse: Callable[[bytes], Any]) -> Any:
-    """Finish inflating a message (in a thread, step by step, its bytes counted against the
-    budget as they grow: ``inflate.finish``) and parse it (in a thread: protobuf lets the GIL
-    go); what the inflater holds is given back when it is parsed or refused."""
+def _inflate_rest(inflater: Any, head: bytes, limit: int, parse: Callable[[bytes], Any]) -> Any:
+    """Finish inflating a message (in a thread: zlib and protobuf release the GIL) and parse it."""
     try:
-        out = await finish(inflater)
-        return await asyncio.to_thread(parse, out)
-    except (TooLarge, OverBudget) as exc:
-        raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
-    except (DecodeError, Corrupt) as exc:
+        out = head + inflater.decompress(inflater.unconsumed_tail, limit + 1 - len(head))
+        if len(out) > limit:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit} bytes inflated)",
+            )
+        if not inflater.eof:
+            raise zlib.error("the compressed message ends early")
+        return parse(out)
+    except (DecodeError, zlib.error) as exc:
         raise _Refused(grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}") from None
-    finally:
-        inflater.release()
 
 
 class _Later:
@@ -459,6 +474,31 @@ class _Stream:
         self.header_size = 0  # decoded header bytes counted against MAX_HEADERS_HELD
 
 
+class LimitedLog:
+    """Log lines at most once every ``interval_s`` seconds of ``clock`` (a flood of connection
+    errors cannot flood the log); the next line written says how many were left out."""
+
+    __slots__ = ("clock", "interval_s", "left_out", "logged_at")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, interval_s: float = 1.0) -> None:
+        self.clock = clock
+        self.interval_s = interval_s
+        self.logged_at = -1e18
+        self.left_out = 0
+
+    def __call__(self, level: int, message: str, *args: object) -> None:
+        now = self.clock()
+        if now - self.logged_at < self.interval_s:
+            self.left_out += 1
+            return
+        if self.left_out:
+            message += " (and %d more like it since the last such message)"
+            args = (*args, self.left_out)
+        log.log(level, message, *args)
+        self.logged_at = now
+        self.left_out = 0
+
+
 class TokenBucket:
     """``burst`` tokens refilled at ``rate`` a second; taking from an empty bucket is a
     connection error (ENHANCE_YOUR_CALM). The loop's clock is read only when the bucket runs
@@ -529,6 +569,14 @@ class Connection(asyncio.Protocol):
         self.idle_timer: asyncio.TimerHandle | None = None
         self.controls = TokenBucket(CONTROL_BURST, CONTROL_RATE, "too many control frames")
         self.resets = TokenBucket(RESET_BURST, RESET_RATE, "too many streams reset")
+        # control frames earned by calls (CONTROLS_PER_STREAM): streams opened and response
+        # sends so far, the part of them already turned into ``free`` control frames, and the
+        # SETTINGS frames of this side the peer has yet to acknowledge (its ACKs are free)
+        self.opened = self.flushes = 0
+        self.credited_opened = self.credited_flushes = 0
+        self.free = 0
+        self.settings_unacked = 0
+        self.peer = "?"  # the client's address, for the log
         self.recent_resets = [0] * RECENT_RESETS  # stream ids this side reset, a ring
         self.recent_pos = 0
 
@@ -536,6 +584,9 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peername = self.transport.get_extra_info("peername")
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.peer = f"{peername[0]}:{peername[1]}"
         guard = self.server.guard
         if guard is not None and not guard.admit():
             self.transport.abort()  # counted and logged by the guard
@@ -558,6 +609,7 @@ class Connection(asyncio.Protocol):
                 (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
             )
         )
+        self.settings_unacked = 1
         self.transport.write(
             frame(SETTINGS, 0, 0, settings)
             + frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(CONNECTION_WINDOW - DEFAULT_WINDOW))
@@ -689,8 +741,9 @@ class Connection(asyncio.Protocol):
             self._abort_connection(exc.code, str(exc))
             return
         except Exception as exc:  # a bug: one line, and the connection ends cleanly
-            log.warning("gRPC connection: %s handling a frame: %s", type(exc).__name__, exc)
-            self._abort_connection(INTERNAL_ERROR, "internal error")
+            self._abort_connection(
+                INTERNAL_ERROR, "internal error", f"{type(exc).__name__} handling a frame: {exc}"
+            )
             return
         if not self.dead:
             del buf[:pos]
@@ -710,13 +763,25 @@ class Connection(asyncio.Protocol):
             self.active = False
             self.idle_timer = self.loop.call_later(self.server.idle_timeout_s, self._idle_check)
             return
-        log.debug("gRPC connection idle for %.0f s: closed", self.server.idle_timeout_s)
-        self._abort_connection(NO_ERROR, "idle")
+        self._abort_connection(NO_ERROR, f"idle for {self.server.idle_timeout_s:g} s")
 
     # ---------------------------------------------------------------- budgets
 
     def _control(self) -> None:
-        """A control frame: one token of the connection's bucket."""
+        """A control frame: free while the connection's calls have earned it (a well-behaved
+        client's WINDOW_UPDATEs and PINGs, see ``CONTROLS_PER_STREAM``), else one token of the
+        connection's bucket."""
+        if self.free > 0:
+            self.free -= 1
+            return
+        earned = (self.opened - self.credited_opened) * CONTROLS_PER_STREAM + (
+            self.flushes - self.credited_flushes
+        ) * CONTROLS_PER_FLUSH
+        if earned:
+            self.credited_opened = self.opened
+            self.credited_flushes = self.flushes
+            self.free = min(earned, CONTROL_BURST) - 1
+            return
         self.controls.take(self.loop)
 
     def _reset_charge(self) -> None:
@@ -891,6 +956,7 @@ class Connection(asyncio.Protocol):
                 return  # a stream this side reset: frames the client sent before it knew
             raise H2Error(PROTOCOL_ERROR, f"HEADERS on closed stream {sid} (ids only go up)")
         self.last_sid = sid
+        self.opened += 1
         if flags & (PRIORITY_FLAG << 8):
             self._reset_sid(sid, PROTOCOL_ERROR)
             return
@@ -1073,43 +1139,39 @@ class Connection(asyncio.Protocol):
             stream.queued += count
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
-        """A request message parsed (a :class:`_Later` when it inflates past ``INFLATE_INLINE``
-        bytes: the rest in a thread), or None when the call was answered instead. A compressed
-        one inflates within ``flowserve.dataplane.inflate``'s bounds (the message limit,
-        ``RATIO`` times its size, the server's budget: RESOURCE_EXHAUSTED naming the bound)."""
-        inflater = None
+        """A request message parsed (a :class:`_Later` when it inflates in a thread), or None
+        when the call was answered instead."""
         try:
             if compressed:
                 wbits = _ENCODINGS[stream.encoding]
                 if wbits is not None:
-                    server = self.server
-                    inflater = Inflater(body, wbits, server.max_message, server.budget, "request message")
-                    out = inflate_inline(inflater, INFLATE_INLINE)
-                    if out is None:
-                        later, inflater = self._inflate_later(stream, inflater), None
-                        return later
+                    limit = self.server.max_message
+                    inflater = zlib.decompressobj(wbits)
+                    step = min(limit, INFLATE_INLINE)
+                    out = inflater.decompress(body, step + 1)
+                    if len(out) > step:
+                        if step == limit:
+                            self._too_large(stream, None)
+                            return None
+                        return self._inflate_later(stream, inflater, out)
+                    if not inflater.eof:
+                        raise zlib.error("the compressed message ends early")
                     body = out
             return stream.method.parse(body)
-        except (TooLarge, OverBudget) as exc:
-            self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
-            return None
-        except (DecodeError, Corrupt) as exc:
+        except (DecodeError, zlib.error) as exc:
             self._finish(stream, grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}")
             return None
-        finally:
-            if inflater is not None:
-                inflater.release()
 
-    def _inflate_later(self, stream: _Stream, inflater: Inflater) -> _Later:
+    def _inflate_later(self, stream: _Stream, inflater: Any, head: bytes) -> _Later:
         """Inflate the rest of a message in a thread; the budget it holds goes back when done."""
         held, stream.held = stream.held, 0
+        limit = self.server.max_message
         parse = stream.method.parse
 
         async def run() -> Any:
             try:
-                return await _inflate_rest(inflater, parse)
+                return await asyncio.to_thread(_inflate_rest, inflater, head, limit, parse)
             finally:
-                inflater.release()  # (also when cancelled before it began)
                 if held:
                     budget = self.server.budget
                     assert budget is not None
@@ -1328,6 +1390,8 @@ class Connection(asyncio.Protocol):
                 stream.send_window -= room
                 self.send_window -= room
                 self.out_blocked -= room
+                if room >= CREDITED_FLUSH or not out:
+                    self.flushes += 1  # earns the WINDOW_UPDATEs that answer it
                 if self.unblocked is not None:
                     self._less_blocked()
                 self._write(b"".join(chunks))
@@ -1422,11 +1486,15 @@ class Connection(asyncio.Protocol):
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
             raise H2Error(PROTOCOL_ERROR, "SETTINGS on a stream")
-        self._control()
         if flags & ACK:
             if payload:
                 raise H2Error(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            if self.settings_unacked:
+                self.settings_unacked -= 1  # the answer to this side's SETTINGS: free
+            else:
+                self._control()
             return
+        self._control()
         if len(payload) % 6:
             raise H2Error(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
         for pos in range(0, len(payload), 6):
@@ -1485,12 +1553,18 @@ class Connection(asyncio.Protocol):
         self.pending.clear()
         self.pending_size = 0
 
-    def _abort_connection(self, code: int, message: str) -> None:
+    def _abort_connection(self, code: int, message: str, detail: str = "") -> None:
         """A connection error (or the end of an idle one): GOAWAY, then close; a peer that
-        does not read it in ``CLOSE_GRACE_S`` is cut."""
-        log.debug("gRPC connection error %d: %s", code, message)
+        does not read it in ``CLOSE_GRACE_S`` is cut. Logged with its reason (WARNING, INFO for
+        NO_ERROR), at most once a second (``Http2GrpcServer.notes``); ``detail``: said in the log
+        instead of ``message`` (which the peer reads)."""
         if self.transport is None or self.dead:
             return
+        self.server.notes(
+            logging.INFO if code == NO_ERROR else logging.WARNING,
+            "gRPC connection from %s: GOAWAY %s after stream %d, closed: %s",
+            self.peer, ERROR_NAMES.get(code, str(code)), self.last_sid, detail or message,
+        )  # fmt: skip
         self.dead = True
         self.continuing = None
         self._write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_sid, code) + message.encode()[:256]))
@@ -1568,6 +1642,7 @@ class Http2GrpcServer:
         self.handshake_timeout_s = handshake_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
+        self.notes = LimitedLog()  # connection ends (GOAWAY), at most once a second
         self.server: asyncio.Server | None = None
         self.port = 0
 
