@@ -100,6 +100,7 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from flowserve.dataplane.guard import SMALL, ByteBudget, ConnectionGuard
+from flowserve.dataplane.inflate import Corrupt, Inflater, OverBudget, TooLarge, finish, inflate_inline
 
 log = logging.getLogger("flowserve.grpc")
 
@@ -224,17 +225,17 @@ class ResponseCompression:
 
 
 def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
-    """A compressed message inflated, or None when it inflates past ``limit`` bytes (inflating
-    stops there: a small bomb cannot take the memory it would expand to)."""
+    """A compressed message inflated, or None when it inflates past ``limit`` bytes or past
+    ``inflate.RATIO`` times its size (inflating stops there: a small bomb cannot take the
+    memory it would expand to); uncounted (the server's path is ``Connection._message``)."""
     if wbits is None:
         return data
-    inflater = zlib.decompressobj(wbits)
-    out = inflater.decompress(data, limit + 1)
-    if len(out) > limit:
+    try:
+        return inflate_inline(Inflater(data, wbits, limit, what="request message"), limit + 1)
+    except TooLarge:
         return None
-    if not inflater.eof:
-        raise zlib.error("the compressed message ends early")
-    return out
+    except Corrupt as exc:
+        raise zlib.error(exc.message) from None
 
 
 class _Refused(Exception):
@@ -246,20 +247,19 @@ class _Refused(Exception):
         self.message = message
 
 
-def _inflate_rest(inflater: Any, head: bytes, limit: int, parse: Callable[[bytes], Any]) -> Any:
-    """Finish inflating a message (in a thread: zlib and protobuf release the GIL) and parse it."""
+async def _inflate_rest(inflater: Inflater, parse: Callable[[bytes], Any]) -> Any:
+    """Finish inflating a message (in a thread, step by step, its bytes counted against the
+    budget as they grow: ``inflate.finish``) and parse it (in a thread: protobuf lets the GIL
+    go); what the inflater holds is given back when it is parsed or refused."""
     try:
-        out = head + inflater.decompress(inflater.unconsumed_tail, limit + 1 - len(head))
-        if len(out) > limit:
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Received message larger than max (more than {limit} bytes inflated)",
-            )
-        if not inflater.eof:
-            raise zlib.error("the compressed message ends early")
-        return parse(out)
-    except (DecodeError, zlib.error) as exc:
+        out = await finish(inflater)
+        return await asyncio.to_thread(parse, out)
+    except (TooLarge, OverBudget) as exc:
+        raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
+    except (DecodeError, Corrupt) as exc:
         raise _Refused(grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}") from None
+    finally:
+        inflater.release()
 
 
 class _Later:
@@ -1139,39 +1139,43 @@ class Connection(asyncio.Protocol):
             stream.queued += count
 
     def _message(self, stream: _Stream, compressed: int, body: bytes) -> Any | None:
-        """A request message parsed (a :class:`_Later` when it inflates in a thread), or None
-        when the call was answered instead."""
+        """A request message parsed (a :class:`_Later` when it inflates past ``INFLATE_INLINE``
+        bytes: the rest in a thread), or None when the call was answered instead. A compressed
+        one inflates within ``flowserve.dataplane.inflate``'s bounds (the message limit,
+        ``RATIO`` times its size, the server's budget: RESOURCE_EXHAUSTED naming the bound)."""
+        inflater = None
         try:
             if compressed:
                 wbits = _ENCODINGS[stream.encoding]
                 if wbits is not None:
-                    limit = self.server.max_message
-                    inflater = zlib.decompressobj(wbits)
-                    step = min(limit, INFLATE_INLINE)
-                    out = inflater.decompress(body, step + 1)
-                    if len(out) > step:
-                        if step == limit:
-                            self._too_large(stream, None)
-                            return None
-                        return self._inflate_later(stream, inflater, out)
-                    if not inflater.eof:
-                        raise zlib.error("the compressed message ends early")
+                    server = self.server
+                    inflater = Inflater(body, wbits, server.max_message, server.budget, "request message")
+                    out = inflate_inline(inflater, INFLATE_INLINE)
+                    if out is None:
+                        later, inflater = self._inflate_later(stream, inflater), None
+                        return later
                     body = out
             return stream.method.parse(body)
-        except (DecodeError, zlib.error) as exc:
+        except (TooLarge, OverBudget) as exc:
+            self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
+            return None
+        except (DecodeError, Corrupt) as exc:
             self._finish(stream, grpc.StatusCode.INTERNAL, f"Failed to parse the request message: {exc}")
             return None
+        finally:
+            if inflater is not None:
+                inflater.release()
 
-    def _inflate_later(self, stream: _Stream, inflater: Any, head: bytes) -> _Later:
+    def _inflate_later(self, stream: _Stream, inflater: Inflater) -> _Later:
         """Inflate the rest of a message in a thread; the budget it holds goes back when done."""
         held, stream.held = stream.held, 0
-        limit = self.server.max_message
         parse = stream.method.parse
 
         async def run() -> Any:
             try:
-                return await asyncio.to_thread(_inflate_rest, inflater, head, limit, parse)
+                return await _inflate_rest(inflater, parse)
             finally:
+                inflater.release()  # (also when cancelled before it began)
                 if held:
                     budget = self.server.budget
                     assert budget is not None
