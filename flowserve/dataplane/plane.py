@@ -40,6 +40,7 @@ from flowserve.nodes.forward import Forwarded
 from flowserve.nodes.split import parse_split_weights, set_split_weights
 from flowserve.runtime.registry import Status
 from flowserve.runtime.servable import Servable
+from flowserve.spec.bounds import SETTINGS, TRACE_LEVELS
 from flowserve.spec.schema import ModelSpec
 
 log = logging.getLogger("flowserve")
@@ -75,6 +76,7 @@ class TraceSettings:
         }
 
 
+_TRACE_KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 _LOG_KEYS = {
     "log_file": str,
     "log_info": bool,
@@ -435,43 +437,25 @@ class DataPlane:
         base = self.model_trace_settings.get(model) if model else self.trace_settings
         target = TraceSettings(**vars(base if base is not None else self.trace_settings))
         for key, value in settings.items():
-            if key not in (
-                "trace_level",
-                "trace_rate",
-                "trace_count",
-                "log_frequency",
-                "trace_file",
-                "trace_mode",
-            ):
-                raise InvalidArgument(f"unknown trace setting '{key}'")
+            if key not in _TRACE_KEYS:
+                raise InvalidArgument(f"unknown trace setting '{_shown(key)}'")
             if value is None:
                 setattr(target, key, getattr(self.trace_settings, key))
                 continue
             if key == "trace_level":
-                levels = [value] if isinstance(value, str) else value
-                if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
-                    raise InvalidArgument("trace_level must be a string or a list of strings")
-                bad = [v for v in levels if v not in ("OFF", "TIMESTAMPS", "TENSORS")]
-                if bad:
-                    raise InvalidArgument(f"trace_level must be OFF, TIMESTAMPS or TENSORS, got {bad}")
-                target.trace_level = list(levels)
+                levels = trace_levels(value)
+                if levels:  # an empty list changes nothing, as in Triton
+                    target.trace_level = levels
                 continue
             if isinstance(value, list):  # gRPC sends every value as a list
-                if not value:
-                    raise InvalidArgument(f"trace setting '{key}' has an empty list of values")
+                if len(value) != 1:
+                    raise InvalidArgument(f"expect only 1 value for '{key}'")
                 value = value[0]
-            if key in ("trace_rate", "trace_count", "log_frequency"):
-                if isinstance(value, bool) or not isinstance(value, int | str):
-                    raise InvalidArgument(f"trace setting '{key}' must be an integer, got {value!r}")
-                try:
-                    setattr(target, key, int(value))
-                except ValueError:
-                    raise InvalidArgument(
-                        f"trace setting '{key}' must be an integer, got {value!r}"
-                    ) from None
+            if key in SETTINGS:
+                setattr(target, key, trace_number(key, value))
             elif key == "trace_mode" and value not in self.trace_modes:
                 raise InvalidArgument(
-                    f"trace_mode '{value}' is not available: this server traces in "
+                    f"trace_mode '{_shown(value)}' is not available: this server traces in "
                     f"{' or '.join(sorted(self.trace_modes))} mode (opentelemetry needs "
                     "--trace-config mode=opentelemetry at start)"
                 )
@@ -493,19 +477,9 @@ class DataPlane:
         only the command line (``--log-file``) sets it. Sending the value in force is accepted."""
         if from_network:
             _refuse_file_change(settings, "log_file", self.log_settings["log_file"], "log")
-        for key, value in settings.items():
-            kind = _LOG_KEYS.get(key)
-            if kind is None:
-                raise InvalidArgument(f"unknown log setting '{key}'")
-            if kind is bool and not isinstance(value, bool):
-                raise InvalidArgument(f"log setting '{key}' must be a boolean")
-            if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InvalidArgument(f"log setting '{key}' must be an unsigned integer")
-            if kind is str and not isinstance(value, str):
-                raise InvalidArgument(f"log setting '{key}' must be a string")
-            if key == "log_format" and value not in ("default", "ISO8601"):
-                raise InvalidArgument("log_format must be 'default' or 'ISO8601'")
-            self.log_settings[key] = value
+        for key, value in settings.items():  # every value is checked before any is applied
+            _check_log_setting(key, value)
+        self.log_settings.update(settings)
         self._apply_log_settings()
         return dict(self.log_settings)
 
@@ -634,3 +608,78 @@ def _movable(request: InferRequest) -> bool:
     """Whether a request may run in another worker: not one whose tensors live on a GPU
     (inputs read from, or outputs kept for, CUDA shared memory): they stay in this process."""
     return not request.keep_device and all(isinstance(v, np.ndarray) for v in request.inputs.values())
+
+
+# ------------------------------------------------------------ checks of trace and log settings
+# (bounds: spec/bounds.py SETTINGS; wording: Triton's, where it has one)
+
+
+def _shown(value: Any) -> str:
+    """A client's value as an error message shows it (at most 64 characters of it)."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def trace_levels(value: Any) -> list[str]:
+    """A ``trace_level`` setting: a level or a list of them, each known, repeats dropped,
+    ``OFF`` alone (a list of more than SETTINGS["trace_level"] entries is refused unread)."""
+    levels = [value] if isinstance(value, str) else value
+    if not isinstance(levels, list):
+        raise InvalidArgument(f"trace_level must be a string or a list of strings, got {_shown(levels)}")
+    most = int(SETTINGS["trace_level"].high)
+    if len(levels) > most:
+        raise InvalidArgument(
+            f"trace_level has {len(levels)} entries, more than {most}: give each of "
+            f"{', '.join(TRACE_LEVELS)} at most once"
+        )
+    if not all(isinstance(v, str) for v in levels):
+        raise InvalidArgument(f"trace_level must be a string or a list of strings, got {_shown(levels)}")
+    unknown = [v for v in levels if v not in TRACE_LEVELS]
+    if unknown:
+        raise InvalidArgument(f"trace_level must be OFF, TIMESTAMPS or TENSORS, got {_shown(unknown)}")
+    unique = list(dict.fromkeys(levels))
+    if "OFF" in unique and len(unique) > 1:
+        raise InvalidArgument("Expect only one trace level 'OFF' is specified")
+    return unique
+
+
+def trace_number(key: str, value: Any) -> int:
+    """``trace_rate``, ``trace_count`` or ``log_frequency`` (an integer or its digits) within its
+    bound, or InvalidArgument in Triton's words naming the setting and the range."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidArgument(f"Unable to parse '{key}', got: {_shown(value)}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {_shown(value)}") from None
+    bound = SETTINGS[key]
+    if key == "trace_count" and number < bound.low:
+        raise InvalidArgument(
+            f"Unable to parse 'trace_count'. Expecting value >= {bound.low}, got:{_shown(value)}"
+        )
+    if not bound.holds(number):
+        raise InvalidArgument(
+            f"Unable to parse '{key}', value is out of range [ {bound.low}, {bound.high} ], "
+            f"got: {_shown(value)}"
+        )
+    return number
+
+
+def _check_log_setting(key: str, value: Any) -> None:
+    """One log setting from the network: known, of its type, within its bound."""
+    kind = _LOG_KEYS.get(key)
+    if kind is None:
+        raise InvalidArgument(f"unknown log setting '{_shown(key)}'")
+    if kind is bool and not isinstance(value, bool):
+        raise InvalidArgument(f"log setting '{key}' must be a boolean")
+    if kind is int:
+        bound = SETTINGS[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not bound.holds(value):
+            raise InvalidArgument(
+                f"log setting '{key}' must be an integer between {bound.low} and {bound.high} "
+                f"({bound.what}), got {_shown(value)}"
+            )
+    if kind is str and not isinstance(value, str):
+        raise InvalidArgument(f"log setting '{key}' must be a string")
+    if key == "log_format" and value not in ("default", "ISO8601"):
+        raise InvalidArgument(f"invalid argument for log_format, got: {_shown(value)}")

@@ -28,8 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowserve.spec.bounds import SETTINGS, TRACE_LEVELS
+
 DEFAULT_URL = "http://localhost:4318/v1/traces"
-LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+LEVELS = TRACE_LEVELS
 MODES = ("triton", "opentelemetry")
 _BSP = {
     "bsp_max_queue_size": "max_queue_size",
@@ -137,13 +139,18 @@ class TraceConfig:
     otel: OtelOptions | None = None
 
 
-def _integer(item: str, text: str, least: int) -> str:
+def _integer(item: str, text: str, setting: str) -> str:
+    """An integer trace setting within its bound (spec/bounds.py SETTINGS), as the trace
+    settings API takes it."""
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"--trace-config {item}: expected an integer") from None
-    if value < least:
-        raise ValueError(f"--trace-config {item}: must be at least {least}")
+    bound = SETTINGS[setting]
+    if not bound.holds(value):
+        raise ValueError(
+            f"--trace-config {item}: must be between {bound.low} and {bound.high} ({bound.what})"
+        )
     return str(value)
 
 
@@ -170,7 +177,7 @@ def parse_trace_config(items: Iterable[str]) -> TraceConfig:
             if key == "file":
                 settings["trace_file"] = value
             else:
-                settings["log_frequency"] = _integer(item, value, 0)
+                settings["log_frequency"] = _integer(item, value, "log_frequency")
         elif mode:  # triton,<anything else>
             raise ValueError(f"--trace-config {item}: unknown triton setting '{key}'")
         elif key == "level":
@@ -178,9 +185,9 @@ def parse_trace_config(items: Iterable[str]) -> TraceConfig:
                 raise ValueError(f"--trace-config {item}: level must be one of {', '.join(LEVELS)}")
             levels.append(value.upper())
         elif key == "rate":
-            settings["trace_rate"] = _integer(item, value, 0)
+            settings["trace_rate"] = _integer(item, value, "trace_rate")
         elif key == "count":
-            settings["trace_count"] = _integer(item, value, -1)
+            settings["trace_count"] = _integer(item, value, "trace_count")
         elif key == "mode":
             if value not in MODES:
                 raise ValueError(f"--trace-config {item}: mode must be triton or opentelemetry")

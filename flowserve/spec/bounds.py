@@ -120,9 +120,12 @@ SETTINGS: Final[Mapping[str, Bound]] = MappingProxyType(
         "trace_count": Bound(-1, INT32_MAX, "traces left, -1 no limit"),
         "log_frequency": Bound(0, INT32_MAX, "traces per trace file, 0 all in one"),
         "log_verbose_level": Bound(0, 255, "verbosity, 0 off"),
-        "trace_level": Bound(1, 3, "entries of trace_level: OFF, TIMESTAMPS, TENSORS"),
+        # entries of a trace_level list (repeats are dropped)
+        "trace_level": Bound(0, 8, "entries of trace_level"),
     }
 )
+# the trace levels a trace_level setting may name (OFF alone)
+TRACE_LEVELS: Final = ("OFF", "TIMESTAMPS", "TENSORS")
 
 
 def out_of_bounds(key: str, value: float) -> str | None:
@@ -260,6 +263,7 @@ __all__ = [
     "HOUR_US",
     "LONGEST_REQUEST_TIMEOUT_US",
     "SETTINGS",
+    "TRACE_LEVELS",
     "Bound",
     "Problem",
     "config_problems",

@@ -92,7 +92,9 @@ def test_trace_config_takes_tritons_settings(monkeypatch: pytest.MonkeyPatch) ->
     [
         ("level=LOUD", "level must be one of"),
         ("rate=often", "expected an integer"),
-        ("count=-2", "at least -1"),
+        ("count=-2", "between -1 and 2147483647"),
+        ("rate=1e23", "expected an integer"),
+        ("rate=2147483648", "between 0 and 2147483647 (every N-th request is traced, 0 none)"),
         ("mode=jaeger", "mode must be triton or opentelemetry"),
         ("zipkin,url=x", "unknown mode 'zipkin'"),
         ("opentelemetry,colour=red", "unknown opentelemetry setting"),
