@@ -6,7 +6,9 @@ and ``Tensor.record_stream`` for the caching allocator). It is made only where a
 torch are present (:func:`cuda_ops`); the fake device runs the same calls in CI.
 
 Also here, because only this package may import a framework: host copies of CUDA tensors
-(:func:`cuda_to_numpy`), external streams for frameworks that take a raw ``cudaStream_t``
+(:func:`cuda_to_numpy`), the torch.cuda copier behind an instance's pinned staging
+(:class:`TorchCopier`, :func:`staging_for`; the pool and its logic are in
+:mod:`flowserve.nodes.backends.staging`), external streams for frameworks that take a raw ``cudaStream_t``
 (ONNX Runtime's ``user_compute_stream``, TensorRT's ``execute_async_v3``) and CUDA IPC for
 CUDA shared memory (:func:`open_ipc_region`, :func:`ipc_handle`).
 """
@@ -15,13 +17,16 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from flowserve.core.device import Device, DeviceTensor, produced, register_concat, take
-from flowserve.nodes.backends._support import has_gpu
+from flowserve.nodes.backends._support import Parameters, has_gpu
+from flowserve.nodes.backends.staging import DEFAULT_LIMIT, LIMIT_PARAMETER, Staging
+from flowserve.spec.schema import ModelSpec
 
 
 class TorchCudaOps:
@@ -107,16 +112,115 @@ def on_stream(tensor: DeviceTensor, stream: Any) -> Any:
     return take(tensor, stream)
 
 
-def cuda_tensor(value: Any, stream: Any, ops: TorchCudaOps, device: Device) -> DeviceTensor:
-    """A CUDA result of work queued on ``stream``, with its event recorded."""
+def cuda_tensor(
+    value: Any,
+    stream: Any,
+    ops: TorchCudaOps,
+    device: Device,
+    to_numpy: Callable[[Any], np.ndarray] | None = None,
+) -> DeviceTensor:
+    """A CUDA result of work queued on ``stream``, with its event recorded; its host copy is
+    ``to_numpy`` (an instance's ``Staging.to_numpy``), :func:`cuda_to_numpy` by default."""
     from flowserve.core.device import numpy_dtype
 
     shape_attr = value.shape
     shape = shape_attr() if callable(shape_attr) else shape_attr
     dtype = value.dtype if hasattr(value, "dtype") else value.data_type()
     return produced(
-        value, stream, ops, numpy_dtype(dtype), tuple(int(d) for d in shape), device, to_numpy=cuda_to_numpy
+        value,
+        stream,
+        ops,
+        numpy_dtype(dtype),
+        tuple(int(d) for d in shape),
+        device,
+        to_numpy=to_numpy or cuda_to_numpy,
     )
+
+
+# ----------------------------------------------------------------------------- pinned staging
+
+
+def torch_dtype(torch: Any, dtype: np.dtype[Any]) -> Any:
+    """torch's dtype for a numpy dtype (``ml_dtypes.bfloat16`` is ``torch.bfloat16``)."""
+    if dtype == ml_dtypes.bfloat16:
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+class TorchCopier:
+    """The torch.cuda side of :class:`~flowserve.nodes.backends.staging.Staging`: pinned blocks
+    from torch's pinned host allocator (``pin_memory=True``; a block it takes back is cached
+    there, by power-of-two sizes as the pool's), events queried with ``Event.query``, copies
+    with ``copy_(non_blocking=True)`` on the stream given."""
+
+    def __init__(self, torch: Any, device: Device) -> None:
+        self.torch = torch
+        self.target = torch.device("cuda", device.index)
+        self._dtypes: dict[np.dtype[Any], Any] = {}
+
+    def _dtype(self, dtype: np.dtype[Any]) -> Any:
+        found = self._dtypes.get(dtype)
+        if found is None:
+            found = self._dtypes[dtype] = torch_dtype(self.torch, dtype)
+        return found
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        block = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+        return np.asarray(block.numpy())  # the array's base is the tensor: it keeps the memory
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def _host(self, flat: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+        return self.torch.from_numpy(flat).view(self._dtype(dtype)).reshape(shape)
+
+    def upload(self, host: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], stream: Any) -> Any:
+        torch = self.torch
+        source = self._host(host, dtype, shape)
+        with torch.cuda.device(self.target), torch.cuda.stream(stream):
+            target = torch.empty(shape, dtype=source.dtype, device=self.target)
+            target.copy_(source, non_blocking=True)
+        return target
+
+    def upload_pageable(self, array: np.ndarray, stream: Any) -> Any:
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, copy=True, order="C")  # torch takes no read-only array
+        flat = array.reshape(-1).view(np.uint8)
+        return self.upload(flat, array.dtype, tuple(array.shape), stream)
+
+    def _as_torch(self, value: Any) -> Any:
+        torch = self.torch
+        if isinstance(value, torch.Tensor):
+            return value.detach()
+        if hasattr(value, "__dlpack__"):  # OrtValue, cupy, DALI: a view, no copy
+            try:
+                return torch.from_dlpack(value)
+            except (TypeError, RuntimeError, BufferError):
+                return None
+        return None
+
+    def download(self, value: Any, host: np.ndarray, stream: Any) -> bool:
+        torch = self.torch
+        source = self._as_torch(value)
+        if source is None or not source.is_cuda:
+            return False
+        target = torch.from_numpy(host).view(source.dtype).reshape(source.shape)
+        with torch.cuda.device(source.device), torch.cuda.stream(stream):
+            target.copy_(source, non_blocking=True)
+        return True
+
+    def download_pageable(self, value: Any) -> np.ndarray:
+        return cuda_to_numpy(value)
+
+
+def staging_for(model: ModelSpec, ops: TorchCudaOps, device: Device, stream: Any) -> Staging | None:
+    """A GPU instance's pinned staging (its two pools bounded by the model's
+    ``flowserve.pinned_staging_bytes`` parameter each, 64 MiB by default), or None when the
+    parameter is 0 (copies through pageable memory, as before)."""
+    limit = Parameters(model).integer(LIMIT_PARAMETER, DEFAULT_LIMIT)
+    if limit <= 0:
+        return None
+    return Staging(TorchCopier(ops.torch, device), ops, device, stream, limit)
 
 
 def torch_concat(parts: Sequence[DeviceTensor]) -> DeviceTensor:
@@ -335,6 +439,7 @@ def open_ipc_region(raw_handle: bytes, device_id: int, byte_size: int) -> IpcReg
 
 __all__ = [
     "IpcRegion",
+    "TorchCopier",
     "TorchCudaOps",
     "cuda_ops",
     "cuda_tensor",
@@ -344,6 +449,8 @@ __all__ = [
     "open_ipc_region",
     "raw_ipc_handle",
     "register_torch_concat",
+    "staging_for",
     "torch_concat",
+    "torch_dtype",
     "torch_tensor",
 ]

@@ -14,8 +14,11 @@ Tensors stay where they are (flowserve/core/device.py): on a GPU with a CUDA tor
 output is handed on as a torch tensor on the instance's GPU. DALI's outputs are valid only until
 the pipeline's next ``run()``, so each is cloned on the device (a device-to-device copy, counted
 as bytes copied) on the instance's own stream, with an event recorded there for the consumer to
-wait on; nothing goes through the host. A CUDA input (DLPack) is fed to ``external_source`` as
-it is; a host input as numpy (a view for a CPU DLPack tensor).
+wait on; nothing goes through the host. A GPU output read on the host is copied through the
+instance's pinned staging (flowserve/nodes/backends/staging.py: a reused pinned block, on the
+instance's copy stream, the consumer waiting on that copy's event). A CUDA input (DLPack) is fed
+to ``external_source`` as it is; a host input as numpy (a view for a CPU DLPack tensor), which
+DALI copies to the GPU through pinned buffers of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class DaliInstance:
     place: Placement
     ops: Any = None  # on a GPU with a CUDA torch: the device driver and the instance's stream
     stream: Any = None
+    staging: Any = None  # and its pinned staging for outputs read on the host
 
 
 class DaliBackend(BackendNode):
@@ -69,7 +73,11 @@ class DaliBackend(BackendNode):
 
             instance.ops = cuda_ops()
             if instance.ops is not None:
-                instance.stream = instance.ops.stream(Device("cuda", place.device))
+                from flowserve.nodes.backends.cuda import staging_for
+
+                where = Device("cuda", place.device)
+                instance.stream = instance.ops.stream(where)
+                instance.staging = staging_for(model, instance.ops, where, instance.stream)
         return instance
 
     def _build(self, dali: Any, data: bytes, device_id: int | None, params: Parameters) -> Any:
@@ -145,7 +153,8 @@ class DaliBackend(BackendNode):
             owned = view.clone()
         self.stats.add_copied(int(owned.numel() * owned.element_size()))
         where = Device("cuda", instance.place.device)
-        return cuda_tensor(owned if batched else owned[0], instance.stream, instance.ops, where)
+        to_numpy = instance.staging.to_numpy if instance.staging is not None else None
+        return cuda_tensor(owned if batched else owned[0], instance.stream, instance.ops, where, to_numpy)
 
     def _array(self, name: str, tensor_list: Any, batched: bool) -> np.ndarray:
         if hasattr(tensor_list, "as_cpu"):

@@ -13,8 +13,10 @@ tensor from the node before) are bound as ``OrtValue.from_dlpack`` views through
 outputs are numpy views of ONNX Runtime's buffers. On a GPU (CUDA EP) each instance owns a CUDA
 stream handed to ONNX Runtime as ``user_compute_stream``: device inputs are bound where they
 are after the instance's stream waited on their producer's event, host inputs are copied in
-(counted as bytes copied), outputs stay on the device as OrtValues with an event recorded on
-the stream, and the run does not synchronise the device (``disable_synchronize_execution_providers``).
+through the instance's pinned staging (flowserve/nodes/backends/staging.py: a pinned block, then
+an asynchronous copy on the instance's stream; counted as bytes copied), outputs stay on the
+device as OrtValues with an event recorded on the stream (read on the host through the same
+staging), and the run does not synchronise the device (``disable_synchronize_execution_providers``).
 Without a CUDA torch to make streams and events, a GPU instance copies its outputs back as
 before. Session options come from config ``parameters`` with Triton's ORT backend names:
 ``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode`` (0 sequential,
@@ -53,6 +55,7 @@ class OrtInstance:
     ops: Any = None
     stream: Any = None
     run_options: Any = None
+    staging: Any = None  # pinned staging for host inputs and outputs read on the host
 
 
 def session_options(ort: Any, model: Any, params: Parameters) -> Any:
@@ -173,11 +176,14 @@ class OnnxRuntimeBackend(BackendNode):
         strings = frozenset(n for n, typ in names_in.items() if typ == "tensor(string)")
         if not on_gpu:
             return OrtInstance(session, Placement("CPU"), outputs, strings, False)
-        run_options = None
+        run_options = staging = None
         if ops is not None:
+            from flowserve.nodes.backends.cuda import staging_for
+
             run_options = ort.RunOptions()
             run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        return OrtInstance(session, place, outputs, strings, True, ops, stream, run_options)
+            staging = staging_for(model, ops, Device("cuda", place.device), stream)
+        return OrtInstance(session, place, outputs, strings, True, ops, stream, run_options, staging)
 
     def _stream(self, place: Placement) -> tuple[Any, Any]:
         """(device driver, a new stream) for a GPU instance when a CUDA torch makes them."""
@@ -252,6 +258,11 @@ class OnnxRuntimeBackend(BackendNode):
                 array = _to_ort(array)
             else:
                 copied += n + array.nbytes  # to the host (if it was elsewhere), then to the GPU
+                if instance.staging is not None and not array.dtype.hasobject:
+                    # through a pinned block, asynchronously on the instance's stream (ORT's)
+                    uploaded = instance.staging.upload(array)
+                    binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(uploaded))
+                    continue
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in instance.outputs:
             binding.bind_output(name, "cuda", device)
@@ -268,8 +279,9 @@ class OnnxRuntimeBackend(BackendNode):
         if copied:
             self.stats.add_copied(copied)
         outputs = binding.get_outputs()
+        to_numpy = instance.staging.to_numpy if instance.staging is not None else None
         return {
-            name: cuda_tensor(value, stream, instance.ops, where)
+            name: cuda_tensor(value, stream, instance.ops, where, to_numpy)
             for name, value in zip(instance.outputs, outputs, strict=True)
         }
 

@@ -17,8 +17,11 @@ Tensors stay on the device (flowserve/core/device.py) when a CUDA torch is there
 a CUDA input from the node before is bound where it is (``set_tensor_address`` on its memory),
 after the instance's stream waited on its producer's event; outputs are allocated as torch
 tensors on the instance's GPU and handed on with an event recorded on the instance's stream,
-with no synchronize. Host inputs are copied in (counted as bytes copied). Without torch the
-engine's outputs are copied back to numpy and the stream synchronised, as before.
+with no synchronize. Host inputs are copied in through the instance's pinned staging
+(flowserve/nodes/backends/staging.py: a reused pinned block, then an asynchronous copy on the
+instance's stream; counted as bytes copied), and outputs read on the host come back through it.
+Without torch the engine's outputs are copied back to numpy and the stream synchronised, as
+before (pageable buffers).
 """
 
 from __future__ import annotations
@@ -143,6 +146,7 @@ class TrtInstance:
     # with a CUDA torch: the device driver and a torch view of the instance's stream
     ops: Any = None
     torch_stream: Any = None
+    staging: Any = None  # pinned staging (flowserve/nodes/backends/staging.py), with torch
 
 
 def import_tensorrt(model: str) -> Any:
@@ -205,12 +209,14 @@ class TensorRTBackend(BackendNode):
         instance = TrtInstance(
             cuda, place.device, engine, context, stream, inputs, outputs, dtypes, profiles, runtime=runtime
         )
-        from flowserve.nodes.backends.cuda import cuda_ops
+        from flowserve.nodes.backends.cuda import cuda_ops, staging_for
 
         ops = cuda_ops()
         if ops is not None:
+            where = Device("cuda", place.device)
             instance.ops = ops
-            instance.torch_stream = ops.external(int(stream.value or 0), Device("cuda", place.device))
+            instance.torch_stream = ops.external(int(stream.value or 0), where)
+            instance.staging = staging_for(model, ops, where, instance.torch_stream)
         return instance
 
     def _check_names(self, inputs: list[str], outputs: list[str]) -> None:
@@ -276,8 +282,13 @@ class TensorRTBackend(BackendNode):
                     tensor = torch_tensor(take(value, instance.torch_stream), torch).contiguous()
                 else:
                     array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
-                    array = np.ascontiguousarray(array, dtype=instance.dtypes[name])
-                    tensor = torch.from_numpy(array).to(f"cuda:{instance.device}", non_blocking=False)
+                    if instance.staging is not None:
+                        if array.dtype != instance.dtypes[name]:
+                            array = array.astype(instance.dtypes[name])
+                        tensor = instance.staging.upload(array)
+                    else:
+                        array = np.ascontiguousarray(array, dtype=instance.dtypes[name])
+                        tensor = torch.from_numpy(array).to(f"cuda:{instance.device}", non_blocking=False)
                     copied += n + array.nbytes
                 held.append(tensor)
                 context.set_input_shape(name, tuple(tensor.shape))
@@ -298,7 +309,9 @@ class TensorRTBackend(BackendNode):
         if copied:
             self.stats.add_copied(copied)
         wanted = [t.name for t in self.model.outputs] or instance.outputs
-        return {n: cuda_tensor(results[n], instance.torch_stream, instance.ops, where) for n in wanted}
+        to_numpy = instance.staging.to_numpy if instance.staging is not None else None
+        stream = instance.torch_stream
+        return {n: cuda_tensor(results[n], stream, instance.ops, where, to_numpy) for n in wanted}
 
     def _execute_host(self, instance: TrtInstance, inputs: TensorMap) -> TensorMap:
         cuda, context, stream = instance.cuda, instance.context, instance.stream

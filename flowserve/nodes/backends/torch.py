@@ -16,7 +16,10 @@ or on the instance's GPU. On a GPU an instance owns a device and a CUDA stream: 
 another stream is waited for with the producer's event (never a device-wide synchronize), the
 module runs on the instance's stream, and each output carries an event recorded there. Copies
 left: a read-only numpy input (a front end's buffer) and a host tensor going to a GPU instance,
-counted in the model's ``bytes_copied``. ``torch.jit.load``'s deprecation warning is filtered
+counted in the model's ``bytes_copied``. A GPU instance copies host inputs in and outputs out
+through its pinned staging (flowserve/nodes/backends/staging.py): one host copy into a reused
+pinned block, then an asynchronous copy on the instance's stream (out: on its copy stream, the
+consumer waiting on that copy's event). ``torch.jit.load``'s deprecation warning is filtered
 where it is raised.
 """
 
@@ -74,6 +77,7 @@ class TorchInstance:
     inference_mode: bool
     place: Device = CPU  # where its tensors live
     ops: Any = None  # the CUDA device driver (flowserve.nodes.backends.cuda) on a GPU
+    staging: Any = None  # its pinned staging on a GPU (flowserve.nodes.backends.staging)
 
 
 @contextmanager
@@ -135,11 +139,13 @@ class TorchBackend(BackendNode):
         inference = params.flag("ENABLE_INFERENCE_MODE", True)
         if not place.gpu:
             return TorchInstance(module, device, None, positions, inference)
-        from flowserve.nodes.backends.cuda import TorchCudaOps
+        from flowserve.nodes.backends.cuda import TorchCudaOps, staging_for
 
         where = Device("cuda", place.device)
         ops = TorchCudaOps(torch)
-        return TorchInstance(module, device, ops.stream(where), positions, inference, where, ops)
+        stream = ops.stream(where)
+        staging = staging_for(model, ops, where, stream)
+        return TorchInstance(module, device, stream, positions, inference, where, ops, staging)
 
     def execute(self, instance: TorchInstance, inputs: TensorMap) -> TensorMap:
         torch = self._torch
@@ -180,6 +186,14 @@ class TorchBackend(BackendNode):
             return torch_view(torch, take(value, instance.stream)).to(
                 instance.device, non_blocking=True
             ), value.nbytes
+        if instance.staging is not None:
+            array = value.host()[0] if isinstance(value, DeviceTensor) else value  # a view
+            if array.dtype.kind in "OSU":
+                raise Unsupported(
+                    f"model '{self.model.name}': input '{name}' is BYTES, which the pytorch backend "
+                    "cannot pass"
+                )
+            return instance.staging.upload(array), int(array.nbytes)
         host, _ = _to_torch(torch, name, value, self.model.name)
         return host.to(instance.device, non_blocking=True), int(host.numel() * host.element_size())
 
@@ -217,7 +231,8 @@ class TorchBackend(BackendNode):
             return DeviceTensor(value, dtype, shape, CPU, to_numpy=torch_to_numpy)
         from flowserve.nodes.backends.cuda import cuda_to_numpy
 
-        return produced(value, instance.stream, instance.ops, dtype, shape, instance.place, cuda_to_numpy)
+        to_numpy = instance.staging.to_numpy if instance.staging is not None else cuda_to_numpy
+        return produced(value, instance.stream, instance.ops, dtype, shape, instance.place, to_numpy)
 
 
 def _signature_args(module: Any) -> list[str] | None:
