@@ -10,12 +10,15 @@ gives the median and p99 round trip per call, calls/s, and MB/s of payload carri
 
     python benchmarks/ipc_hop.py                     # about 30 s
     python benchmarks/ipc_hop.py --reader stream     # the link on plain asyncio streams
+    python benchmarks/ipc_hop.py --transport socket  # large buffers through the socket too
     python benchmarks/ipc_hop.py --json out.json
 
 ``--reader buffered`` (the default, what ``Link.connect``/``serve`` use) receives a buffer
 straight from the socket into the bytearray the array ends up in; ``--reader stream`` builds
 the links on ``asyncio.open_unix_connection``, where each buffer passes through the stream's
-own buffer first. Not a unit test: numbers depend on the machine.
+own buffer first. ``--transport shared`` (the default) sends buffers of 256 KiB and more
+through shared memory (``flowserve/cluster/arena.py``), ``--transport socket`` through the
+socket like the small ones. Not a unit test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ PAYLOADS: dict[str, int | None] = {  # name -> bytes of the float32 array (None:
     "no tensor": None,
     "16 float32": 64,
     "64 KiB": 64 << 10,
+    "256 KiB": 256 << 10,
+    "image 3x224x224": 3 * 224 * 224 * 4,
     "1 MiB": 1 << 20,
     "16 MiB": 16 << 20,
     "64 MiB": 64 << 20,
@@ -56,7 +61,7 @@ async def echo(kind: str, message: Any) -> Any:
     return message
 
 
-async def peer(path: str, reader: str) -> None:
+async def peer(path: str, reader: str, shared: bool) -> None:
     """The other process: an echo handler on every link accepted at ``path``."""
     links: list[Link] = []
     if reader == "stream":
@@ -66,17 +71,17 @@ async def peer(path: str, reader: str) -> None:
 
         server = await asyncio.start_unix_server(accepted, path)
     else:
-        server = await serve(path, echo, links.append, name="client")
+        server = await serve(path, echo, links.append, name="client", shared=shared)
     print("ready", flush=True)
     async with server:
         await asyncio.get_running_loop().create_future()  # until killed
 
 
-async def connect(path: str, reader: str) -> Link:
+async def connect(path: str, reader: str, shared: bool) -> Link:
     if reader == "stream":
         r, w = await asyncio.open_unix_connection(path)
         return Link(r, w, None, "echo peer")
-    return await Link.connect(path, None, "echo peer")
+    return await Link.connect(path, None, "echo peer", shared=shared)
 
 
 def message(size: int | None) -> Any:
@@ -133,13 +138,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     directory = tempfile.mkdtemp(prefix="hop", dir="/tmp")
     path = str(Path(directory) / "s")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--peer", path, "--reader", args.reader, stdout=asyncio.subprocess.PIPE
-    )
+        sys.executable, __file__, "--peer", path, "--reader", args.reader, "--transport", args.transport,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     try:
         assert process.stdout is not None
         assert (await asyncio.wait_for(process.stdout.readline(), 30)).strip() == b"ready"
-        link = await connect(path, args.reader)
+        link = await connect(path, args.reader, args.transport == "shared")
         print(
             f"{'payload':>10s} {'c':>2s} {'median us':>10s} {'p99 us':>9s} {'calls/s':>9s} "
             f"{'MB/s':>8s} {'CPU us/call':>12s}",
@@ -169,6 +175,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "round trip of one call over flowserve.cluster.link to an echo peer process, uvloop",
         "reader": args.reader,
+        "transport": args.transport,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -188,6 +195,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--min-calls", type=int, default=20, help="at least this many calls per case")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--reader", choices=["buffered", "stream"], default="buffered")
+    parser.add_argument("--transport", choices=["shared", "socket"], default="shared")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--peer", help=argparse.SUPPRESS)  # run as the echo process at this path
     return parser.parse_args()
@@ -196,7 +204,7 @@ def parse() -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse()
     if args.peer:
-        uvloop.run(peer(args.peer, args.reader))
+        uvloop.run(peer(args.peer, args.reader, args.transport == "shared"))
     else:
         result = uvloop.run(main(args))
         if args.json:

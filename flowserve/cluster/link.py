@@ -9,12 +9,23 @@ copy). With :func:`connect` and :func:`serve` the receiving side is a
 :class:`asyncio.BufferedProtocol`, so the kernel copies a large buffer directly into its final
 ``bytearray``; a :class:`Link` built on plain asyncio streams reads it through the stream's buffer.
 
+A buffer of :data:`~flowserve.cluster.arena.SHARED_MIN` bytes or more (256 KiB: a decoded image,
+an embedding batch) does not cross the socket at all: the sender copies it once into a block of
+shared memory (its :class:`~flowserve.cluster.arena.Arena` for this link) and the frame carries
+the block's place; the receiver's array uses the block where it is, and the block is the
+sender's again once the last array using it is gone (a RELEASE frame). Measured cost of a hop
+per size, socket and shared memory: ``cluster/arena.py`` and ``benchmarks/README.md``.
+
 Frame (little-endian)::
 
     header   <QBxxxII   message id, frame type, (pad), pickle length, buffer count   (20 bytes)
     pickle   the pickle bytes: (kind, message) for a call or notify, the value for a reply,
              (flowserve?, class name, text, attributes) for an error
-    buffers  per out-of-band buffer: <Q length, then that many bytes
+    buffers  per out-of-band buffer: <Q length, then that many bytes; or, for a buffer in
+             shared memory, <Q length | 2**63, then <QQ segment key, offset
+
+A RELEASE frame (no reply) carries <QQ (segment key, offset) pairs as its "pickle": blocks of the
+receiver's arena that the sender of the frame no longer uses.
 
 A frame is at most :data:`MAX_FRAME` bytes (pickle plus buffers) with at most
 :data:`MAX_BUFFERS` buffers; a frame that breaks these rules, or has an unknown type, ends the
@@ -41,6 +52,9 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
+import numpy as np
+
+from flowserve.cluster.arena import SHARED_MIN, Arena, Mapping, available
 from flowserve.core import errors
 from flowserve.core.errors import (
     ErrorCode,
@@ -58,7 +72,9 @@ Handler = Callable[[str, Any], Awaitable[Any]]  # (kind, message) -> reply
 
 HEADER = struct.Struct("<QBxxxII")  # message id, type, pickle length, buffer count
 LENGTH = struct.Struct("<Q")  # one out-of-band buffer's length
-CALL, REPLY, ERROR, NOTIFY = 1, 2, 3, 4
+SHARED_REF = struct.Struct("<QQ")  # a buffer in shared memory: segment key, offset
+SHARED_FLAG = 1 << 63  # in a buffer's length: the buffer is in shared memory
+CALL, REPLY, ERROR, NOTIFY, RELEASE = 1, 2, 3, 4, 5
 MAX_FRAME = 2 << 30  # bytes of pickle plus buffers in one frame
 MAX_BUFFERS = 1 << 16
 # buffers smaller than this are copied into the frame's leading chunk (one write); larger ones are
@@ -90,6 +106,7 @@ class Link:
         handler: Handler | None,
         name: str,
         max_in_flight: int = 4096,
+        shared: bool = True,
     ) -> None:
         self.name = name  # the peer, for error messages ("worker 2 (pid 1234)")
         self.on_close: Callable[[Link], None] | None = None
@@ -101,6 +118,12 @@ class Link:
         self._pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # large buffers go through shared memory (cluster/arena.py): ours to send, theirs received
+        self._shared = shared and available()
+        self._arena: Arena | None = None
+        self._mapping = Mapping(self._released)
+        self._to_release: list[tuple[int, int]] = []
+        self._loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._read_task = asyncio.create_task(self._read_loop(), name=f"link {name}")
 
@@ -108,11 +131,22 @@ class Link:
         return f"<Link {self.name}{' closed' if self._closed else ''}>"
 
     @classmethod
-    async def connect(cls, path: str, handler: Handler | None, name: str) -> Link:
-        """Connect to the :func:`serve` at ``path``; ``name`` names that side."""
+    async def connect(cls, path: str, handler: Handler | None, name: str, shared: bool = True) -> Link:
+        """Connect to the :func:`serve` at ``path``; ``name`` names that side. ``shared``: large
+        buffers this side sends go through shared memory (module docstring)."""
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_unix_connection(lambda: _LinkProtocol(loop), path)
-        return cls(protocol, protocol.writer(transport), handler, name)
+        return cls(protocol, protocol.writer(transport), handler, name, shared=shared)
+
+    @property
+    def arena(self) -> Arena | None:
+        """The shared memory this side sent large buffers through (None: none sent yet)."""
+        return self._arena
+
+    @property
+    def shared_received(self) -> int:
+        """Buffers received through shared memory so far."""
+        return self._mapping.received
 
     # -- calling the peer -------------------------------------------------------------------
 
@@ -176,6 +210,9 @@ class Link:
         if reason is not None:
             log.warning("link to %s ended: %s", self.name, reason)
         self._writer.close()
+        if self._arena is not None:
+            self._arena.close()
+        self._mapping.close()
         pending, self._pending = self._pending, {}
         for future, kind in pending.values():
             if not future.done():
@@ -195,8 +232,10 @@ class Link:
     # -- writing ----------------------------------------------------------------------------
 
     async def _send(self, mid: int, kind: int, obj: Any) -> None:
+        if self._shared and self._arena is None:
+            self._arena = Arena()
         try:
-            chunks = encode(mid, kind, obj)
+            chunks = encode(mid, kind, obj, self._arena if self._shared else None)
         except FlowserveError:
             raise
         except Exception as exc:  # not picklable
@@ -220,6 +259,7 @@ class Link:
             while True:
                 mid, kind, payload, buffers = await self._read_frame()
                 self._dispatch(mid, kind, payload, buffers)
+                del buffers  # a shared block is released once its last user is gone
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the peer went away: the pending calls say so
         except CorruptFrame as exc:
@@ -232,27 +272,67 @@ class Link:
         finally:
             self._shutdown(reason)
 
-    async def _read_frame(self) -> tuple[int, int, bytes | bytearray, list[bytearray]]:
+    async def _read_frame(self) -> tuple[int, int, bytes | bytearray, list[bytearray | np.ndarray]]:
         reader = self._reader
         mid, kind, size, count = HEADER.unpack(await reader.readexactly(HEADER.size))
-        if kind not in (CALL, REPLY, ERROR, NOTIFY):
+        if kind not in (CALL, REPLY, ERROR, NOTIFY, RELEASE):
             raise CorruptFrame(f"unknown frame type {kind} from {self.name}")
         if size > MAX_FRAME or count > MAX_BUFFERS:
             raise CorruptFrame(f"frame of {size} pickle bytes and {count} buffers from {self.name}")
         payload = await reader.readexactly(size)
-        buffers: list[bytearray] = []
+        buffers: list[bytearray | np.ndarray] = []
         total = size
         for _ in range(count):
             (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+            shared = bool(length & SHARED_FLAG)
+            length &= SHARED_FLAG - 1
             total += length
             if total > MAX_FRAME:
                 raise CorruptFrame(f"frame of more than {MAX_FRAME} bytes from {self.name}")
+            if shared:
+                key, offset = SHARED_REF.unpack(await reader.readexactly(SHARED_REF.size))
+                buffers.append(self._shared_view(key, offset, length))
+                continue
             buffer = bytearray(length)
             await _read_into(reader, memoryview(buffer))
             buffers.append(buffer)
         return mid, kind, payload, buffers
 
-    def _dispatch(self, mid: int, kind: int, payload: bytes | bytearray, buffers: list[bytearray]) -> None:
+    def _shared_view(self, key: int, offset: int, length: int) -> np.ndarray:
+        try:
+            return self._mapping.view(key, offset, length)
+        except (OSError, ValueError) as exc:
+            raise CorruptFrame(f"a shared buffer from {self.name} that cannot be read: {exc}") from None
+
+    # -- shared memory ------------------------------------------------------------------------
+
+    def _released(self, key: int, offset: int) -> None:
+        """A block the peer sent is no longer used here (from any thread, at any time)."""
+        self._to_release.append((key, offset))
+        if len(self._to_release) == 1:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+                self._loop.call_soon_threadsafe(self._send_releases)
+
+    def _send_releases(self) -> None:
+        pending, self._to_release = self._to_release, []
+        if not pending or self._closed:
+            return
+        body = b"".join(SHARED_REF.pack(key, offset) for key, offset in pending)
+        self._writer.write(HEADER.pack(0, RELEASE, len(body), 0) + body)
+
+    def _releases(self, payload: bytes | bytearray) -> None:
+        arena = self._arena
+        if arena is None or len(payload) % SHARED_REF.size:
+            return
+        for key, offset in SHARED_REF.iter_unpack(payload):
+            arena.release(key, offset)
+
+    def _dispatch(
+        self, mid: int, kind: int, payload: bytes | bytearray, buffers: list[bytearray | np.ndarray]
+    ) -> None:
+        if kind == RELEASE:
+            self._releases(payload)
+            return
         if kind in (REPLY, ERROR):
             entry = self._pending.get(mid)
             if entry is None or entry[0].done():
@@ -354,8 +434,9 @@ def _attributes(exc: FlowserveError) -> dict[str, Any]:
     return out
 
 
-def encode(mid: int, kind: int, obj: Any) -> list[bytes | bytearray | memoryview]:
-    """One frame as the chunks to write: small parts joined, large buffers as views of their memory."""
+def encode(mid: int, kind: int, obj: Any, arena: Arena | None = None) -> list[bytes | bytearray | memoryview]:
+    """One frame as the chunks to write: small parts joined, large buffers as views of their
+    memory, or (with an ``arena``) copied into shared memory, the frame carrying their place."""
     raws: list[memoryview] = []
     payload = pickle.dumps(obj, protocol=5, buffer_callback=lambda b: raws.append(b.raw()))
     if not raws:
@@ -366,6 +447,11 @@ def encode(mid: int, kind: int, obj: Any) -> list[bytes | bytearray | memoryview
     head = bytearray(HEADER.pack(mid, kind, len(payload), len(raws)))
     head += payload
     for raw in raws:
+        place = arena.put(raw) if arena is not None and raw.nbytes >= SHARED_MIN else None
+        if place is not None:
+            head += LENGTH.pack(raw.nbytes | SHARED_FLAG)
+            head += SHARED_REF.pack(*place)
+            continue
         head += LENGTH.pack(raw.nbytes)
         if raw.nbytes < _INLINE:
             head += raw
@@ -606,13 +692,15 @@ async def serve(
     handler: Handler,
     on_link: Callable[[Link], None] | None = None,
     name: str = "peer",
+    shared: bool = True,
 ) -> asyncio.Server:
     """A Unix-socket server at ``path``; each accepted connection becomes a :class:`Link`
-    with ``handler``, named ``name``, and is passed to ``on_link``."""
+    with ``handler``, named ``name`` (``shared``: as for :meth:`Link.connect`), and is passed
+    to ``on_link``."""
     loop = asyncio.get_running_loop()
 
     def connected(protocol: _LinkProtocol, transport: asyncio.Transport) -> None:
-        link = Link(protocol, protocol.writer(transport), handler, name)
+        link = Link(protocol, protocol.writer(transport), handler, name, shared=shared)
         if on_link is not None:
             try:
                 on_link(link)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowserve.cluster.arena import remove_leftovers
 from flowserve.cluster.link import Link, serve
 from flowserve.cluster.worker import SUPERVISOR_SOCKET, worker_socket
 from flowserve.core.errors import FlowserveError, NotFound, Unavailable
@@ -207,6 +208,7 @@ class Supervisor:
         assert process is not None
         code = await process.wait()
         worker.ready = False
+        remove_leftovers(process.pid)  # the shared memory its links sent through, if it died
         if worker.link is not None:
             await worker.link.close()
             worker.link = None

@@ -4,6 +4,7 @@ errors, and every way a link can end."""
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import pickle
 import shutil
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import uvloop
 
+from flowserve.cluster import arena as arenamod
 from flowserve.cluster import link as linkmod
 from flowserve.cluster.link import Link, serve
 from flowserve.core.errors import InternalError, InvalidArgument, NodeError, Unavailable
@@ -106,18 +108,118 @@ async def test_round_trip_of_nested_tensors(pair: Pair) -> None:
         assert got.dtype == array.dtype and got.shape == array.shape
         assert np.array_equal(got, array)
     got = reply["inputs"]["big"]
-    # received into its own writable buffer, not rebuilt from a copy inside the pickle
+    # received as a writable view of shared memory, not rebuilt from a copy inside the pickle
     assert got.flags.writeable
-    base = got.base
-    while isinstance(base, memoryview | np.ndarray):
-        base = base.obj if isinstance(base, memoryview) else base.base
-    assert isinstance(base, bytearray) and len(base) == big.nbytes
+    assert isinstance(_memory_of(got), mmap.mmap)
+    assert _memory_of(reply["inputs"]["f32"]) is not None  # small: through the socket
     assert bytes(reply["raw"]) == b"x" * 100_000
     # the pickle itself stays small: the arrays travel beside it
     chunks = linkmod.encode(1, linkmod.CALL, ("echo", message))
     _, _, pickle_bytes, count = linkmod.HEADER.unpack(bytes(chunks[0][: linkmod.HEADER.size]))
     assert pickle_bytes < 4096 and count >= 6
     assert any(isinstance(c, memoryview) and c.nbytes == big.nbytes for c in chunks)
+
+
+def _memory_of(array: np.ndarray) -> object:
+    """What finally holds an array's bytes (a bytearray, an mmap, ...)."""
+    base: object = array
+    while isinstance(base, memoryview | np.ndarray):
+        base = base.obj if isinstance(base, memoryview) else base.base
+    return base
+
+
+async def _until(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_large_tensor_crosses_through_shared_memory_and_its_block_comes_back(sock_dir: str) -> None:
+    seen: list[Any] = []
+
+    async def keep(kind: str, message: Any) -> Any:
+        array = message["x"]
+        seen.append((_memory_of(array), array.flags.writeable, float(array.flat[7])))
+        return {"sum": float(array.sum())}
+
+    accepted: list[Link] = []
+    server = await serve(str(Path(sock_dir) / "s"), keep, accepted.append)
+    client = await Link.connect(str(Path(sock_dir) / "s"), None, "server")
+    try:
+        image = np.arange(3 * 224 * 224, dtype=np.float32).reshape(3, 224, 224)  # 588 KiB
+        for _ in range(5):
+            reply = await client.call("f", {"x": image})
+            assert reply["sum"] == float(image.sum())
+        memory, writeable, value = seen[0]
+        # the receiver's array is the shared block itself: no copy through the socket or pickle
+        assert isinstance(memory, mmap.mmap) and writeable and value == 7.0
+        arena = client.arena
+        assert arena is not None and arena.sent == 5 and accepted[0].shared_received == 5
+        # each call's block was released once the handler was done with it, and reused
+        await _until(lambda: arena.in_use == 0)
+        assert arena.bytes == arenamod.SEGMENT_BYTES  # one segment of 1 MiB blocks
+        # what travelled through the socket: the frame, not the 588 KiB
+        chunks = linkmod.encode(1, linkmod.CALL, ("f", {"x": image}), arena)
+        assert sum(len(c) for c in chunks) < 1024
+    finally:
+        await client.close()
+        for link in accepted:
+            await link.close()
+        server.close()
+
+
+async def test_a_block_the_receiver_keeps_stays_its_own(sock_dir: str) -> None:
+    kept: list[np.ndarray] = []
+
+    async def store(kind: str, message: Any) -> Any:
+        kept.append(message["x"])
+        return None
+
+    accepted: list[Link] = []
+    server = await serve(str(Path(sock_dir) / "s"), store, accepted.append)
+    client = await Link.connect(str(Path(sock_dir) / "s"), None, "server")
+    try:
+        for value in (1.0, 2.0, 3.0):
+            await client.call("f", {"x": np.full(1 << 18, value, np.float32)})  # 1 MiB each
+        assert [float(k[0]) for k in kept] == [1.0, 2.0, 3.0]  # none overwritten by a later call
+        arena = client.arena
+        assert arena is not None and arena.in_use == 3
+        kept.pop(0)
+        await _until(lambda: arena.in_use == 2)  # released once the receiver dropped it
+    finally:
+        await client.close()
+        for link in accepted:
+            await link.close()
+        server.close()
+
+
+async def test_a_full_arena_or_a_small_tensor_goes_through_the_socket(pair: Pair) -> None:
+    assert pair.client is not None
+    small = np.ones(1000, np.float32)
+    reply = await pair.client.call("echo", {"x": small})
+    assert isinstance(_memory_of(reply["x"]), bytearray)
+    arena = pair.client.arena
+    assert arena is not None and arena.sent == 0
+    arena.capacity = 0  # full: no segment may be made
+    big = np.ones(1 << 20, np.float32)
+    reply = await pair.client.call("echo", {"x": big})
+    assert np.array_equal(reply["x"], big) and arena.sent == 0 and arena.full == 1
+
+
+async def test_a_shared_block_outside_its_segment_ends_the_link(pair: Pair) -> None:
+    assert pair.client is not None
+    await pair.client.call("echo", {"x": np.ones(1 << 18, np.float32)})
+    arena = pair.client.arena
+    assert arena is not None
+    key = next(iter(arena._segments))
+    frame = (
+        linkmod.HEADER.pack(9, linkmod.CALL, 0, 1)
+        + linkmod.LENGTH.pack((1 << 30) | linkmod.SHARED_FLAG)
+        + linkmod.SHARED_REF.pack(key, 0)
+    )
+    pair.client._writer.write(frame)
+    await asyncio.wait_for(pair.remote.wait_closed(), 5)
 
 
 async def test_a_thousand_concurrent_calls_answered_out_of_order(pair: Pair) -> None:
