@@ -42,6 +42,7 @@ from flowserve.runtime.registry import Status
 from flowserve.runtime.servable import Servable
 from flowserve.spec.bounds import SETTINGS, TRACE_LEVELS
 from flowserve.spec.schema import ModelSpec
+from flowserve.spec.triton import check_config_override
 
 log = logging.getLogger("flowserve")
 
@@ -293,6 +294,9 @@ class DataPlane:
             parse_split_weights(name, parameters["split_weights"])  # refused here, before anywhere
         else:
             self._check_control("load", name)
+            config = (parameters or {}).get("config")
+            if isinstance(config, str):
+                check_config_override(name, config)  # refused here, before any worker reads it
         if self.peers is not None:
             await self.peers.broadcast("load", {"name": name, "parameters": parameters or {}})
         else:

@@ -335,6 +335,17 @@ def within_bounds(config: ModelConfig, source: str, issues: list[SpecIssue]) -> 
     return not problems
 
 
+def check_config_override(name: str, config_json: str) -> None:
+    """Refuse a load request's config override (ModelConfig JSON) with a number past its bound
+    before anything is built from it, in any worker: InvalidArgument naming the model, each
+    field and its bound."""
+    config = parse_config_json(config_json)
+    config.name = config.name or name
+    issues: list[SpecIssue] = []
+    if not within_bounds(config, f"{name} (config override)", issues):
+        raise InvalidArgument(f"failed to load '{name}': " + "; ".join(str(i) for i in issues))
+
+
 def _warmup(
     config: ModelConfig,
     model_dir: Path,
