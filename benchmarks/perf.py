@@ -15,6 +15,7 @@ import resource
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,14 @@ def _command(
     out: Path,
     settings: Settings,
     stability: int,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     return [
         str(binary), "-m", model, "-u", url, "-i", protocol,
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--measurement-mode", "time_windows", "-p", str(settings.window_ms),
         "-s", str(stability), "-r", str(settings.max_trials),
-        "-f", str(out),
+        "-f", str(out), *extra,
     ]  # fmt: skip
 
 
@@ -66,15 +68,22 @@ def _parse(path: Path) -> dict[str, float]:
 
 
 def measure(
-    binary: Path, server: Server, model: str, protocol: str, concurrency: int, settings: Settings
+    binary: Path,
+    server: Server,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    settings: Settings,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One measurement of ``model`` on ``server``; raises RuntimeError when perf_analyzer fails."""
+    """One measurement of ``model`` on ``server`` (``extra``: more perf_analyzer arguments, such
+    as ``--shape`` or ``--shared-memory``); raises RuntimeError when perf_analyzer fails."""
     with tempfile.TemporaryDirectory(prefix="flowserve-perf-") as tmp:
         out = Path(tmp) / "out.csv"
         settled = True
         for stability in (settings.stability, UNCHECKED):
             cmd = _command(
-                binary, model, server.url(protocol), protocol, concurrency, out, settings, stability
+                binary, model, server.url(protocol), protocol, concurrency, out, settings, stability, extra
             )
             cpu0, client0, t0 = cpu_seconds(server.pid), _children_cpu(), time.perf_counter()
             done = subprocess.run(

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: the project's gpu tests (`pytest -m gpu`), then the served conv
+# net against raw torch (benchmarks/gpu_serving.py), in under 8 minutes, then a summary.
+#
+# Works on a machine with no network that has torch with CUDA: onnxruntime-gpu, DALI and
+# TensorRT may be missing (their tests skip and say so in the summary). flowserve's own
+# dependencies that such a machine lacks come as wheels from .whl/ (benchmarks/gpu_wheels.sh
+# fetches them where PyPI is reachable) and perf_analyzer from benchmarks/.work/perf_analyzer
+# (benchmarks/perf_analyzer_setup.py). With the device tool:
+#   bash benchmarks/gpu_wheels.sh && python benchmarks/perf_analyzer_setup.py   # here, once
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", "benchmarks/.work/perf_analyzer"])
+# Logs and results go to $OUT (the device tool's folder) or /tmp/gpu_check.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/flowserve-site .whl/*.whl && export PYTHONPATH=/tmp/flowserve-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
+"$PY" - <<'PY' 2>&1 | tee "$OUT/frameworks.txt"
+import importlib
+for name in ("torch", "onnxruntime", "tensorrt", "nvidia.dali", "pynvml", "tritonclient", "flowserve"):
+    try:
+        module = importlib.import_module(name)
+        extra = ""
+        if name == "torch":
+            extra = f" cuda={module.cuda.is_available()}"
+        if name == "onnxruntime":
+            extra = f" providers={module.get_available_providers()}"
+        print(f"{name}: {getattr(module, '__version__', '?')}{extra}")
+    except Exception as exc:  # a missing framework: its tests skip
+        print(f"{name}: missing ({type(exc).__name__}: {exc})")
+PY
+
+echo "== pytest -m gpu"
+timeout 300 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+tests_rc=${PIPESTATUS[0]}
+
+echo "== gpu_serving.py"
+timeout 170 "$PY" benchmarks/gpu_serving.py --window-ms 2000 --output "$OUT/gpu_serving.json" 2>&1 \
+  | tee "$OUT/gpu_serving.log" | grep -v "^ *\*\*\*"
+bench_rc=${PIPESTATUS[0]}
+
+echo "== summary"
+grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -1
+echo "skipped (why):"
+grep -E "^SKIPPED" "$OUT/pytest_gpu.log" | sed 's/^SKIPPED \[[0-9]*\] /  /' | sort | uniq -c | head -20
+grep -E "ceiling|images/s" "$OUT/gpu_serving.log"
+echo "pytest exit $tests_rc, gpu_serving exit $bench_rc"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,241 @@
+"""A served conv net against the raw-framework ceiling: how much of what the device does with
+raw torch reaches a client through flowserve, over HTTP, gRPC, system shared memory and (on a
+GPU) CUDA shared memory, with ``--workers 1`` and ``--workers N``; and which batch sizes the
+dynamic batcher formed meanwhile.
+
+The model: a small conv net (4 conv blocks, global pool, a 1000-way linear layer; FP32
+``[3, S, S]`` in, ``[1000]`` out), traced to TorchScript and served by flowserve's PyTorch
+backend with ``max_batch_size 32``, ``dynamic_batching { preferred_batch_size: [16, 32] }``
+and two instances (``KIND_GPU`` on a GPU, else ``KIND_CPU``).
+
+- **Ceiling** (in-process, no server): batches of 32 through the same TorchScript module with
+  ``torch.inference_mode``; on a GPU each batch is copied host -> device and the output
+  device -> host (what a server must do too), on the CPU the input is a fresh host tensor.
+- **Served**: perf_analyzer, batch 1 per request, concurrency ``--concurrency`` (64), over
+  each transport, for each ``--workers`` value; images/s and the ratio to the ceiling; the
+  batch sizes executed, from the statistics extension (``batch_stats``) before and after.
+
+Goals (issue 28), on a 16-core GPU machine: system shm >= 0.5x the ceiling, HTTP >= 0.35x,
+``--workers 4`` >= 2x ``--workers 1``; on a 2-core CPU machine, system shm >= 0.7x.
+
+    python benchmarks/gpu_serving.py                       # S=224 on a GPU, 64 on the CPU
+    python benchmarks/gpu_serving.py --workers 1 4 --transports http shm
+    python benchmarks/gpu_serving.py --quick               # one transport, short windows
+
+Writes benchmarks/results/gpu_serving.json (``gpu_serving_cpu.json`` without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from compare import run_script, write_result  # noqa: E402
+from perf import Settings, measure  # noqa: E402
+from perf_analyzer_setup import ensure_perf_analyzer  # noqa: E402
+from servers import Server, ServerGroup, flowserve_command, free_port, sigterm_as_interrupt  # noqa: E402
+
+WORK = HERE / ".work"
+RESULTS = HERE / "results"
+MODEL = "convnet"
+BATCH = 32
+TRANSPORTS = ("http", "grpc", "shm", "cuda_shm")
+
+
+def config(gpu: bool, instances: int) -> str:
+    kind = "KIND_GPU" if gpu else "KIND_CPU"
+    return f"""name: "{MODEL}"
+platform: "pytorch_libtorch"
+max_batch_size: {BATCH}
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
+instance_group [ {{ kind: {kind} count: {instances} }} ]
+dynamic_batching {{ preferred_batch_size: [ 16, 32 ] max_queue_delay_microseconds: 2000 }}
+"""
+
+
+def build_net(torch: Any) -> Any:
+    """The conv net (random weights, seeded)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    layers: list[Any] = []
+    channels = 3
+    for width in (32, 64, 128, 256):
+        layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+        channels = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 1000)]
+    return nn.Sequential(*layers).eval()
+
+
+def write_repository(root: Path, torch: Any, size: int, gpu: bool, instances: int) -> Path:
+    model_dir = root / MODEL
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config(gpu, instances))
+    net = build_net(torch)
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(net, torch.rand(1, 3, size, size))
+        traced.save(str(model_dir / "1" / "model.pt"))
+    (root.parent / "empty_graphs").mkdir(exist_ok=True)
+    return root
+
+
+def ceiling(torch: Any, repository: Path, size: int, gpu: bool, seconds: float) -> float:
+    """Images per second of raw torch running the served ``model.pt`` (loaded as the server
+    loads it), batches of ``BATCH``, with the host copies a server makes."""
+    device = "cuda" if gpu else "cpu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = torch.jit.load(str(repository / MODEL / "1" / "model.pt"), map_location=device)
+    host = torch.rand(BATCH, 3, size, size)
+    if gpu:
+        host = host.pin_memory()
+
+    def step() -> None:
+        x = host.to(device, non_blocking=True) if gpu else host.clone()
+        y = module(x)
+        y.cpu() if gpu else y.numpy()
+
+    def window(length: float) -> float:
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < length:
+            step()
+            done += BATCH
+        if gpu:
+            torch.cuda.synchronize()
+        return done / (time.perf_counter() - start)
+
+    with torch.inference_mode():
+        window(2.0)  # warm-up: TorchScript's profiling executor optimizes after its first runs
+        return max(window(seconds / 3) for _ in range(3))  # the best of three: a shared machine
+
+
+def batch_counts(server: Server) -> dict[int, int]:
+    """Executions per batch size so far (the statistics extension's ``batch_stats``)."""
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/stats"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        stats = json.loads(reply.read())
+    counts: dict[int, int] = {}
+    for model in stats.get("model_stats", []):
+        for entry in model.get("batch_stats", []):
+            size = int(entry["batch_size"])
+            counts[size] = counts.get(size, 0) + int(entry["compute_infer"]["count"])
+    return counts
+
+
+def formed(before: dict[int, int], after: dict[int, int]) -> dict[str, Any]:
+    """The batches executed between two ``batch_counts``: how many of each size, and the mean."""
+    delta = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+    delta = {size: n for size, n in sorted(delta.items()) if n > 0}
+    batches = sum(delta.values())
+    rows = sum(size * n for size, n in delta.items())
+    return {"sizes": delta, "mean_rows": round(rows / batches, 1) if batches else None}
+
+
+def transport_args(transport: str, size: int) -> list[str]:
+    args = ["--shape", f"INPUT__0:3,{size},{size}", "-b", "1"]
+    if transport in ("shm", "cuda_shm"):
+        kind = "system" if transport == "shm" else "cuda"
+        args += ["--shared-memory", kind, "--output-shared-memory-size", str(1000 * 4)]
+    return args
+
+
+def serve_and_measure(
+    args: argparse.Namespace, binary: Path, repository: Path, workers: int, raw: float
+) -> list[dict[str, Any]]:
+    records = []
+    settings = Settings(window_ms=args.window_ms, stability=50, max_trials=4, timeout_s=600.0)
+    with ServerGroup(WORK / "logs") as group:
+        http, grpc = free_port(), free_port()
+        command = flowserve_command(repository.resolve(), repository.parent / "empty_graphs", http, grpc)
+        command += ["--workers", str(workers)]
+        server = group.start(f"flowserve-w{workers}", command, http, grpc, [f"/v2/models/{MODEL}/ready"])
+        for transport in args.transports:
+            protocol = "http" if transport == "http" else "grpc"
+            before = batch_counts(server)
+            result = measure(
+                binary, server, MODEL, protocol, args.concurrency, settings,
+                transport_args(transport, args.size),
+            )  # fmt: skip
+            batches = formed(before, batch_counts(server))
+            rate = result["infer_per_s"]
+            record = {"workers": workers, "transport": transport, "images_per_s": round(rate, 1),
+                      "of_ceiling": round(rate / raw, 3), "batches": batches, **result}  # fmt: skip
+            records.append(record)
+            print(
+                f"  workers {workers} {transport:<8} {rate:9.1f} images/s  {rate / raw:5.2f}x ceiling  "
+                f"mean batch {batches['mean_rows']}",
+                flush=True,
+            )
+    return records
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", type=int, default=None, help="image side (224 on a GPU, 64 on a CPU)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, help="default: 1 and min(4, cores)")
+    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=None)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--quick", action="store_true", help="shm only, workers 1, 1.5 s windows")
+    parser.add_argument("--output", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+
+    gpu = bool(torch.cuda.is_available())
+    args.size = args.size or (224 if gpu else 64)
+    cores = os.cpu_count() or 1
+    args.workers = args.workers or ([1] if args.quick else sorted({1, min(4, cores)}))
+    default_transports = ["shm"] if args.quick else [t for t in TRANSPORTS if gpu or t != "cuda_shm"]
+    args.transports = args.transports or default_transports
+    if args.quick:
+        args.window_ms = 1500
+    if "cuda_shm" in args.transports and not gpu:
+        raise SystemExit("cuda_shm needs a GPU")
+    name = "gpu_serving" if gpu else "gpu_serving_cpu"
+    args.output = args.output or RESULTS / f"{name}.json"
+    binary = ensure_perf_analyzer()
+    repository = write_repository(WORK / "gpu_serving" / "repo", torch, args.size, gpu, args.instances)
+    started = time.time()
+    where = torch.cuda.get_device_name(0) if gpu else f"CPU ({cores} cores)"
+    print(f"device: {where}; image 3x{args.size}x{args.size}; batch {BATCH}", flush=True)
+    raw = ceiling(torch, repository, args.size, gpu, seconds=5.0)
+    copies = ", H2D + D2H" if gpu else ""
+    print(f"  ceiling (raw torch, batch {BATCH}{copies}): {raw:9.1f} images/s", flush=True)
+    records: list[dict[str, Any]] = []
+    with sigterm_as_interrupt():
+        for workers in args.workers:
+            records += serve_and_measure(args, binary, repository, workers, raw)
+    write_result(
+        args.output,
+        "a served conv net vs raw torch (the ceiling), perf_analyzer batch 1, same run",
+        started,
+        device=where,
+        settings={"size": args.size, "concurrency": args.concurrency, "instances": args.instances,
+                  "window_ms": args.window_ms, "workers": args.workers, "transports": args.transports},
+        ceiling_images_per_s=round(raw, 1),
+        runs=records,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)

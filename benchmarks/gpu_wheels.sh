@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Wheels of flowserve's own dependencies that a GPU machine without network lacks (its image has
+# torch, numpy, grpcio, protobuf, networkx, pyyaml, prometheus-client, ml-dtypes, uvloop and
+# pytest, but not these), for CPython 3.12 on manylinux x86_64, into .whl/ (ignored by git).
+# benchmarks/gpu_check.sh installs them from there. About 6 MB. Run here, where pip reaches PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+mkdir -p .whl
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+  platforms+=(--platform "$p")
+done
+for package in hpack tritonclient uvicorn httptools h11 click pytest-asyncio python-rapidjson \
+  geventhttpclient gevent zope.event zope.interface greenlet brotli \
+  opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
+  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-http \
+  opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" --platform any -d .whl "$package"
+done
+du -sh .whl
