@@ -387,12 +387,18 @@ class CallContext:
     """What a servicer method gets as ``context`` (the part of ``grpc.aio.ServicerContext``
     that flowserve's servicer uses)."""
 
-    __slots__ = ("_headers", "code", "details")
+    __slots__ = ("_headers", "code", "details", "peer_address")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self._headers = headers
         self.code = grpc.StatusCode.OK
         self.details = ""
+        self.peer_address = ""  # the client's, as peer() gives it
+
+    def peer(self) -> str:
+        """The client's address as grpc.aio's context writes it ("ipv4:1.2.3.4:5678",
+        "ipv6:[::1]:5678"; "" when unknown)."""
+        return self.peer_address
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return tuple(
@@ -537,6 +543,7 @@ class Connection(asyncio.Protocol):
         self.methods = server.methods
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        self.client = ""  # the client's address, as CallContext.peer() gives it
         self.buf = bytearray()
         self.preface = False
         self.decoder = hpack.Decoder(max_header_list_size=2 * MAX_HEADER_LIST)
@@ -593,6 +600,7 @@ class Connection(asyncio.Protocol):
             return
         self.admitted = guard is not None
         self.server.connections.add(self)
+        self.client = grpc_peer(self.transport.get_extra_info("peername"))
         now = self.loop.time()
         self.controls.at = self.resets.at = now
         server = self.server
@@ -990,6 +998,7 @@ class Connection(asyncio.Protocol):
             return
         method = self.methods.get(path)
         stream = _Stream(sid, method or _UNKNOWN, headers, self.peer_initial_window)
+        stream.context.peer_address = self.client
         stream.encoding = encoding
         compression = self.server.compression
         if compression is not None:
@@ -1708,3 +1717,11 @@ def service_methods(servicer: Any, service: Any, module: Any) -> dict[str, Metho
         else:
             methods[path] = Method(parse=parse, unary=handler)
     return methods
+
+
+def grpc_peer(peername: object) -> str:
+    """A socket's peer address as gRPC writes it ("ipv4:1.2.3.4:5678", "ipv6:[::1]:5678")."""
+    if not isinstance(peername, tuple) or len(peername) < 2:
+        return ""
+    host, port = peername[0], peername[1]
+    return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"

@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -99,6 +100,7 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
             decoded, targets = self._decode(request)
+            decoded.peer = peer_host(context)
             if "grpc" in self._plane.header_forward:
                 metadata = context.invocation_metadata() or ()
                 forward_headers(decoded.parameters, metadata, self._plane.header_forward["grpc"])
@@ -117,6 +119,7 @@ class InferenceServicer:
         status instead."""
         metadata = context.invocation_metadata() or ()
         grpc_error = any(k == GRPC_ERROR and str(v).lower() == "true" for k, v in metadata)
+        peer = peer_host(context)
         window = asyncio.Semaphore(STREAM_WINDOW)
         pending: asyncio.Queue[asyncio.Queue[Any] | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
@@ -126,7 +129,7 @@ class InferenceServicer:
                 async for msg in request_iterator:
                     await window.acquire()
                     out: asyncio.Queue[Any] = asyncio.Queue(RESPONSES_AHEAD)
-                    task = asyncio.create_task(self._stream_one(msg, out, grpc_error))
+                    task = asyncio.create_task(self._stream_one(msg, out, grpc_error, peer))
                     running.add(task)
                     task.add_done_callback(running.discard)
                     pending.put_nowait(out)
@@ -152,11 +155,14 @@ class InferenceServicer:
                 if isinstance(outcome, Exception):
                     log.error("a stream request's task failed", exc_info=outcome)
 
-    async def _stream_one(self, msg: Any, out: asyncio.Queue[Any], grpc_error: bool = False) -> None:
+    async def _stream_one(
+        self, msg: Any, out: asyncio.Queue[Any], grpc_error: bool = False, peer: str = ""
+    ) -> None:
         """Every response to one stream request into ``out``, then _END (an error: a response
         carrying it, or with ``grpc_error`` a :class:`_Failed` that ends the stream)."""
         try:
             request, targets = self._decode(msg)
+            request.peer = peer
             final_flag = request.parameters.get(EMPTY_FINAL) is True
             decoupled = final_flag and self._decoupled(request)
             async for response in self._plane.stream(request):
@@ -293,3 +299,15 @@ class InferenceServicer:
         else:
             settings = plane.get_log_settings()
         return messages.log_settings(settings)
+
+
+def peer_host(context: Any) -> str:
+    """The client's IP address (InferRequest.peer: a stateful model shares its sequence slots
+    fairly between clients) from a call's ``peer()`` ("ipv4:1.2.3.4:5678", "ipv6:[::1]:5678",
+    percent-encoded by grpcio); "" when unknown."""
+    peer = getattr(context, "peer", None)
+    text = unquote(peer()) if callable(peer) else ""
+    kind, _, address = text.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rpartition(":")[0].strip("[]")
+    return text

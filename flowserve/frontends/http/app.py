@@ -313,6 +313,7 @@ class HttpApp:
     async def _generate(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
         doc = await self._json_body(scope, receive, "generate request")
         request = generate_request(self.plane, name, version, doc)
+        request.peer = client_address(scope)
         del doc
         responses = [r async for r in self.plane.stream(request)]
         if len(responses) != 1:
@@ -322,6 +323,7 @@ class HttpApp:
     async def _generate_stream(self, name: str, version: str, scope: Scope, receive: Receive) -> StreamReply:
         doc = await self._json_body(scope, receive, "generate request")
         request = generate_request(self.plane, name, version, doc)
+        request.peer = client_address(scope)
         return StreamReply(generate_events(self.plane, request))
 
     # ------------------------------------------------------------------ inference
@@ -352,6 +354,7 @@ class HttpApp:
             request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
         if "http" in plane.header_forward:
             forward_headers(request.parameters, scope["headers"], plane.header_forward["http"])
+        request.peer = client_address(scope)
         response = await plane.infer(request)
         encoded = encode_response(plane, response, plan)
         if encoded.blobs:
@@ -793,3 +796,10 @@ async def _send(send: Send, reply: Reply) -> None:
     last = len(chunks) - 1
     for i, chunk in enumerate(chunks):
         await send({"type": "http.response.body", "body": chunk, "more_body": i < last})
+
+
+def client_address(scope: Scope) -> str:
+    """The client's IP address (InferRequest.peer: a stateful model shares its sequence slots
+    fairly between clients), "" when the server does not know it."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
