@@ -274,3 +274,12 @@ def test_reap_releases_the_idle_least_recently_used_first() -> None:
     clock.advance(700_000)  # 1: 1.9 ms, 3: 1.1 ms, 2: 1.5 ms since they were last used
     assert batcher.reap(clock.now_ns()) == [3, 2]
     assert list(batcher._active) == [1] and batcher._free_rows == [[1, 2]] and batcher._held == {A: 1}
+
+
+def test_an_unset_idle_time_is_tritons_default_of_one_second() -> None:
+    from flowserve.spec.sequence import sequence_from_config
+    from flowserve.spec.triton import parse_config_text
+
+    config = parse_config_text("max_batch_size: 4\nsequence_batching { direct { } }")
+    spec = sequence_from_config(config)
+    assert spec is not None and spec.max_sequence_idle_us == 1_000_000
