@@ -7,7 +7,13 @@ in-process: no stub process, no shared-memory hop. The names are those of python
 ``InferenceRequest``, ``InferenceResponse``, ``InferenceResponseSender``, ``ResponseIterator``,
 ``TritonError``, ``Logger``, ``MetricFamily``/``Metric``, ``PreferredMemory``,
 ``InferenceTrace``, ``load_model``/``unload_model``/``is_model_ready``, ``get_model_dir``).
-Tensors live in CPU memory here: what needs a GPU fails with an error naming the call.
+
+GPU tensors as in Triton: ``Tensor.from_dlpack`` keeps a DLPack tensor where it is (a CUDA
+tensor stays on its GPU, ``is_cpu()`` False, and an output made of it flows on as a device
+tensor, no copy), ``to_dlpack()`` hands it back as it is; with the model parameter
+``FORCE_CPU_ONLY_INPUT_TENSORS`` "no" the inputs come as their producers made them (a torch
+GPU model's output stays on the GPU). BLS responses (``PreferredMemory`` GPU) stay in host
+memory: that call fails with an error naming it.
 
 BLS (business logic scripting): ``pb_utils.InferenceRequest(model_name=..., inputs=[...],
 requested_output_names=[...]).exec()`` (or ``await ....async_exec()`` in an ``async def
@@ -41,6 +47,7 @@ import ml_dtypes
 import numpy as np
 
 from flowserve.core.datatypes import from_config, from_numpy, to_numpy
+from flowserve.core.device import DeviceTensor, on_current_stream, produced, tensor_map, wrap
 from flowserve.core.errors import ErrorCode, FlowserveError
 from flowserve.core.node import Context, TensorMap
 
@@ -220,10 +227,15 @@ class _Capsule:
         return (1, 0)
 
 
-_DLPACK_CPU = (1, 3)  # kDLCPU, kDLCUDAHost
-
-
 class Tensor:
+    """A tensor of a request or a response: a numpy array (``Tensor(name, array)``, what the
+    server hands to ``execute`` by default), or a DLPack tensor kept where it is
+    (``Tensor.from_dlpack``, and the inputs of a model with ``FORCE_CPU_ONLY_INPUT_TENSORS``
+    "no"), in host memory or on a GPU."""
+
+    # a DLPack tensor as it came (host memory or a GPU); None for a numpy tensor
+    _device: DeviceTensor | None = None
+
     def __init__(self, name: str, array: Any, triton_dtype: Any = None) -> None:
         if isinstance(array, np.ndarray):  # the common case: no conversion, no DLPack question
             arr = array
@@ -240,7 +252,7 @@ class Tensor:
                 "use dtype np.object_ (of bytes)"
             )
         self._name = name
-        self._array = arr
+        self._array: np.ndarray | None = arr
 
     @classmethod
     def _of(cls, name: str, array: np.ndarray) -> Tensor:
@@ -251,37 +263,68 @@ class Tensor:
         tensor._array = array
         return tensor
 
+    @classmethod
+    def _of_device(cls, name: str, value: Any) -> Tensor:
+        """A tensor over a DLPack tensor (a DeviceTensor of the engine, or any DLPack array),
+        kept where it is."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = None
+        tensor._device = value if isinstance(value, DeviceTensor) else wrap(value)
+        return tensor
+
+    def _edge(self) -> np.ndarray | DeviceTensor:
+        """What flows on from this tensor: the numpy array, or the DLPack tensor as it is."""
+        device = self._device
+        if device is not None:
+            return device
+        assert self._array is not None
+        return self._array
+
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        """A tensor from a DLPack producer (a torch tensor...) or a DLPack capsule, on the CPU.
-        Every dtype torch has here works, BF16 included (held as ``ml_dtypes.bfloat16``)."""
-        device = getattr(capsule, "__dlpack_device__", None)
-        if device is not None and int(device()[0]) not in _DLPACK_CPU:
-            raise _GpuOnly(f"pb_utils.Tensor.from_dlpack('{name}') of a tensor on device {tuple(device())}")
-        if type(capsule).__module__.startswith("torch"):
-            return Tensor(name, _torch_to_numpy(capsule))
-        if device is not None:
+        """A tensor from a DLPack producer (a torch or cupy tensor...) or a DLPack capsule,
+        without a copy, where it is: host memory (``as_numpy()`` is a view of it) or a GPU
+        (``is_cpu()`` False; an output flows on as a device tensor, ordered after the work
+        the calling thread queued on its current CUDA stream). BF16 included."""
+        source = capsule
+        if type(capsule).__name__ == "PyCapsule":
             try:
-                return Tensor(name, np.from_dlpack(capsule))
-            except (BufferError, TypeError, RuntimeError) as exc:
-                raise TritonModelException(f"pb_utils.Tensor.from_dlpack('{name}'): {exc}") from exc
-        if type(capsule).__name__ != "PyCapsule":
+                import torch.utils.dlpack
+            except ImportError:  # numpy reads host memory only
+                return Tensor(name, np.from_dlpack(_Capsule(capsule)))
+            source = torch.utils.dlpack.from_dlpack(capsule)
+        elif isinstance(capsule, Tensor):
+            return Tensor._of_device(name, capsule._edge()) if capsule._device is not None else capsule
+        elif not hasattr(capsule, "__dlpack_device__"):
             raise TritonModelException(
                 f"pb_utils.Tensor.from_dlpack('{name}'): expected a DLPack capsule or an object "
                 f"with __dlpack__, got {type(capsule).__name__}"
             )
+        if isinstance(source, np.ndarray):
+            return Tensor(name, source)
         try:
-            import torch.utils.dlpack
-        except ImportError:
-            return Tensor(name, np.from_dlpack(_Capsule(capsule)))
-        return Tensor(name, _torch_to_numpy(torch.utils.dlpack.from_dlpack(capsule)))
+            return Tensor._of_device(name, _described(source))
+        except (TypeError, ValueError, BufferError, RuntimeError) as exc:
+            raise TritonModelException(f"pb_utils.Tensor.from_dlpack('{name}'): {exc}") from exc
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule of the tensor (CPU memory; BF16 through torch)."""
+        """A DLPack capsule of the tensor, where it is (no copy; BF16 included). A GPU tensor
+        is ordered first: the calling thread's current CUDA stream waits on its producer."""
         return self.__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        device = self._device
+        if device is not None:
+            value = on_current_stream(device)
+            if stream is not None:
+                try:
+                    return value.__dlpack__(stream=stream)
+                except TypeError:
+                    pass
+            return value.__dlpack__()
         arr = self._array
+        assert arr is not None
         if arr.dtype.kind in "OSU":
             raise TritonModelException(f"tensor '{self._name}': DLPack does not support BYTES tensors")
         if arr.dtype == ml_dtypes.bfloat16:
@@ -294,34 +337,81 @@ class Tensor:
         return arr.__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
+        device = self._device
+        return (1, 0) if device is None else device.__dlpack_device__()
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        return self._array
+        """The tensor as numpy (a view for host memory); a GPU tensor cannot be read so, as in
+        Triton: use :meth:`to_dlpack`."""
+        array = self._array
+        if array is None:
+            device = self._device
+            assert device is not None
+            if not device.device.is_cpu:
+                raise TritonModelException(
+                    f"tensor '{self._name}' is stored in GPU memory ({device.device}) and cannot be "
+                    "converted to NumPy; use to_dlpack() (e.g. torch.utils.dlpack.from_dlpack("
+                    "tensor.to_dlpack())) or leave FORCE_CPU_ONLY_INPUT_TENSORS at its default"
+                )
+            array = self._array = device.host()[0]  # a view, no copy
+        return array
 
     def shape(self) -> list[int]:
+        device = self._device
+        if device is not None:
+            return list(device.shape)
+        assert self._array is not None
         return list(self._array.shape)
+
+    def _dtype(self) -> np.dtype[Any]:
+        device = self._device
+        if device is not None:
+            return device.dtype
+        assert self._array is not None
+        return self._array.dtype
 
     def triton_dtype(self) -> int:
         """The TRITONSERVER_DataType number (11 for FP32, 13 for BYTES...), as in Triton."""
-        return _DTYPE_NUMBERS[from_numpy(self._array.dtype)]
+        return _DTYPE_NUMBERS[from_numpy(self._dtype())]
 
     def is_cpu(self) -> bool:
-        return True
+        """Whether the tensor is in host memory (False for a GPU tensor: see
+        ``FORCE_CPU_ONLY_INPUT_TENSORS`` and :meth:`from_dlpack`)."""
+        device = self._device
+        return device is None or device.device.is_cpu
 
     def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+        where = "" if self._device is None else f", device={self._device.device}"
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._dtype()}{where})"
+
+
+def _described(source: Any) -> DeviceTensor:
+    """A DLPack tensor as the engine describes it: a host tensor with a numpy view for
+    ``as_numpy()``; a CUDA tensor with an event recorded on the calling thread's current stream
+    after the work that made it (where a CUDA torch orders it), and its host copy."""
+    if type(source).__module__.startswith("torch"):
+        source = source.detach()
+    tensor = wrap(source, to_numpy=_torch_to_numpy if type(source).__module__.startswith("torch") else None)
+    if tensor.device.is_cpu:
+        return tensor
+    from flowserve.nodes.backends.cuda import cuda_ops, cuda_to_numpy
+
+    ops = cuda_ops() if tensor.device.kind == "cuda" else None
+    if ops is None:
+        tensor.to_numpy_fn = cuda_to_numpy
+        return tensor
+    stream = ops.current(tensor.device)
+    return produced(source, stream, ops, tensor.dtype, tensor.shape, tensor.device, cuda_to_numpy)
 
 
 def _torch_to_numpy(tensor: Any) -> np.ndarray:
+    """A CPU torch tensor as numpy, sharing its memory (BF16 as ``ml_dtypes.bfloat16``)."""
     import torch
 
     t = tensor.detach()
-    if t.device.type != "cpu":
-        raise _GpuOnly(f"pb_utils.Tensor.from_dlpack() of a tensor on {t.device}")
     if t.dtype == torch.bfloat16:
         return np.asarray(t.contiguous().view(torch.int16).numpy()).view(ml_dtypes.bfloat16)
     return np.asarray(t.numpy())
@@ -519,12 +609,21 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         flags: int = 0,
         context: Context | None = None,
+        device_inputs: bool = False,
     ) -> InferenceRequest:
-        """A request handed to model.py's ``execute``; ``context`` says when it was cancelled."""
+        """A request handed to model.py's ``execute``; ``context`` says when it was cancelled.
+        ``device_inputs`` (``FORCE_CPU_ONLY_INPUT_TENSORS`` "no"): inputs may be DLPack tensors,
+        kept where they are (a GPU's included)."""
         request = cls.__new__(cls)
         request._context = context
         request.model_name = model_name
-        request._inputs = [Tensor._of(k, v) for k, v in inputs.items()]
+        if device_inputs:
+            request._inputs = [
+                Tensor._of(k, v) if type(v) is np.ndarray else Tensor._of_device(k, v)
+                for k, v in inputs.items()
+            ]
+        else:
+            request._inputs = [Tensor._of(k, v) for k, v in inputs.items()]
         request._by_name = {t.name(): t for t in request._inputs}
         request._id = request_id
         request._correlation_id = correlation_id
@@ -623,7 +722,9 @@ class InferenceRequest:
         if not self.model_name:
             raise TritonModelException("InferenceRequest.exec(): model_name is required")
         version = "" if self._version is None or int(self._version) < 0 else str(self._version)
-        inputs = {t.name(): t.as_numpy() for t in self._inputs}
+        # host tensors as numpy (views), GPU tensors as they are (the engine's nodes take them
+        # or copy them, counted)
+        inputs = tensor_map({t.name(): t.as_numpy() if t.is_cpu() else t._edge() for t in self._inputs})
         call = BlsCall(self.model_name, version, inputs, dict(self._parameters), self._id, self._timeout)
         return link, call
 

@@ -12,6 +12,11 @@ instance's own thread. Each instance gets its own object, as each Triton instanc
 - Every error raised by model.py, or returned in a response, names the model.
 - A cheap ``execute`` runs on the event loop (``inline_ok``; see nodes/instances.py), unless
   model.py is async or calls other models (BLS), which must wait on a thread of their own.
+- ``FORCE_CPU_ONLY_INPUT_TENSORS`` (config parameter, Triton's): "yes" (the default) hands
+  model.py numpy inputs (device tensors copied to the host, counted); "no" hands it the inputs
+  as their producers made them (``device_tensors``): a torch GPU model's output arrives as a GPU
+  ``pb_utils.Tensor`` (``is_cpu()`` False, ``to_dlpack()`` without a copy). Outputs made with
+  ``pb_utils.Tensor.from_dlpack`` flow on where they are either way.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.core.datatypes import to_numpy
+from flowserve.core.device import tensor_map
 from flowserve.core.errors import (
     ErrorCode,
     FlowserveError,
@@ -41,7 +47,7 @@ from flowserve.core.errors import (
 )
 from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
-from flowserve.nodes.backends._support import placement
+from flowserve.nodes.backends._support import Parameters, placement
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.nodes.batching.runners import StreamSink
 from flowserve.nodes.loading import ModelControl
@@ -160,6 +166,8 @@ class PythonModelBackend(BackendNode):
         # a decoupled model answers through request.get_response_sender(): see stream(); known
         # before start, so a batcher in front streams too
         self.decoupled = model.decoupled
+        # FORCE_CPU_ONLY_INPUT_TENSORS "no": inputs as their producers made them (a GPU's too)
+        self.device_tensors = not force_cpu_only_inputs(model)
 
     async def start(self) -> None:
         if self.registry is not None:
@@ -269,6 +277,7 @@ class PythonModelBackend(BackendNode):
             correlation_id=correlation if isinstance(correlation, int | str) else 0,
             flags=flags,
             context=ctx,
+            device_inputs=self.device_tensors,
         )
 
     def load_instance(self, index: int) -> PythonInstance:
@@ -356,7 +365,7 @@ class PythonModelBackend(BackendNode):
             # a TritonError's code -> the matching error (HTTP and gRPC answer Triton's status)
             kind = error_class(pb_utils.ERROR_CODES.get(error.code(), ErrorCode.INTERNAL))
             raise kind(error.message())
-        out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        out = tensor_map({t._name: t._edge() for t in response.output_tensors()})  # DLPack: as they are
         declared = self._declared
         for key, array in out.items():
             found = declared.get(key)
@@ -364,6 +373,7 @@ class PythonModelBackend(BackendNode):
             # (FP64 for FP32) is left to the executor (served as returned, with a warning)
             if (
                 found is not None
+                and type(array) is np.ndarray
                 and array.dtype != found[0]
                 and array.dtype.kind not in "OSU"
                 and np.can_cast(array.dtype, found[0], "safe")
@@ -400,6 +410,22 @@ class PythonModelBackend(BackendNode):
         finally:
             if instance.loop is not None:
                 instance.loop.close()
+
+
+FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"
+
+
+def force_cpu_only_inputs(model: ModelSpec) -> bool:
+    """Triton's ``FORCE_CPU_ONLY_INPUT_TENSORS`` parameter: "yes" (or absent) hands model.py
+    host tensors, "no" the tensors as they come (InvalidArgument for any other value)."""
+    raw = Parameters(model).text(FORCE_CPU_ONLY, "yes").lower()
+    if raw in ("yes", "true", "1", "on", ""):
+        return True
+    if raw in ("no", "false", "0", "off"):
+        return False
+    raise InvalidArgument(
+        f"model '{model.name}': parameter {FORCE_CPU_ONLY} must be \"yes\" or \"no\", got '{raw}'"
+    )
 
 
 def _rescheduled(request: pb_utils.InferenceRequest) -> bool:
