@@ -25,6 +25,7 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.graph.plan import PlanNode
 from flowserve.nodes.backends.pb_utils import custom_metrics
 from flowserve.nodes.split import SplitNode
+from flowserve.observability.gpu_metrics import GpuCollector
 from flowserve.observability.httpserver import ASGIApp, AsgiListener, Receive, Scope, Send
 from flowserve.observability.snapshot import bytes_copied, node_exec
 from flowserve.runtime.servable import Servable
@@ -352,6 +353,7 @@ def make_registry(plane: DataPlane, process: bool = True) -> CollectorRegistry:
     """A prometheus-client registry holding the engine collector (and the process collector)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(plane))
+    registry.register(GpuCollector())  # Triton's nv_gpu_* series where NVML sees a GPU, else none
     if process:
         from prometheus_client import ProcessCollector
 
