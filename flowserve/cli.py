@@ -449,7 +449,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         default=d.workers,
         metavar="N|auto",
         help="worker processes serving as one server (auto: one per usable core); pinned models "
-        "(sequences, response cache, rate limiter, GPU, flowserve.pin) load in one worker only",
+        "(sequences, response cache, rate limiter, flowserve.pin) load in one worker only",
     )
     serve.add_argument(
         "--host",

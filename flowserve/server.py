@@ -104,7 +104,9 @@ class Server:
             placement=placement,
             poll=self.peers is None,  # the supervisor polls for all workers at once
         )
-        admission = Admission(opts.max_inflight_requests, opts.max_inflight_per_model)
+        # a worker of several writes its counts where the others read them (cluster/board.py)
+        admit = Admission if self.peers is None else self.peers.admission
+        admission = admit(opts.max_inflight_requests, opts.max_inflight_per_model)
         shm = SharedMemoryRegistry(enabled=opts.allow_shm)
         guards = Guards(
             opts.max_connections,

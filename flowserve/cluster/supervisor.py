@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowserve.cluster import board
 from flowserve.cluster.arena import remove_leftovers
 from flowserve.cluster.link import Link, serve
 from flowserve.cluster.worker import SUPERVISOR_SOCKET, worker_socket
@@ -148,6 +149,7 @@ class Supervisor:
             return 2
         try:
             (self.directory / "settings.pickle").write_bytes(pickle.dumps(self.settings))
+            board.create(self.directory / board.BOARD_FILE, self.count)
             self._server = await serve(
                 str(self.directory / SUPERVISOR_SOCKET), self.handle, self._linked, "worker"
             )

@@ -10,7 +10,10 @@ ends on the server's ports, shared with the other workers through SO_REUSEPORT) 
   metrics are gathered from every worker through it; it tells every worker whether all are
   ready;
 - links to the other workers, over which requests for a model this worker does not load
-  (``repository/placement.py``) run on the worker that owns it (``nodes/forward.py``).
+  (``repository/placement.py``) run on the worker that owns it (``nodes/forward.py``), and
+  requests it decoded run where a core is free for them (*spilling*: ``cluster/routing.py``
+  decides from the load board, ``cluster/board.py``, which every worker writes its requests in
+  flight to); large tensors cross through shared memory (``cluster/arena.py``).
 
 Started by the supervisor as ``python -m flowserve.cluster.worker DIR INDEX``: ``DIR`` holds the
 server's pickled settings and the Unix sockets (``supervisor.sock``, ``worker-<i>.sock``).
@@ -30,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowserve.cluster import routing
+from flowserve.cluster.board import BOARD_FILE, Board, BoardAdmission
 from flowserve.cluster.link import Link, serve
 from flowserve.cluster.merge import merge_metrics, merge_statistics
 from flowserve.core.errors import InternalError, NotFound, Unavailable
@@ -37,6 +42,7 @@ from flowserve.core.types import InferRequest, InferResponse
 from flowserve.dataplane.plane import DataPlane, Trace
 from flowserve.nodes.forward import Forwarded
 from flowserve.repository.placement import owner_of
+from flowserve.runtime.servable import Servable
 from flowserve.settings import Settings
 
 log = logging.getLogger("flowserve.cluster")
@@ -44,11 +50,6 @@ log = logging.getLogger("flowserve.cluster")
 SUPERVISOR_SOCKET = "supervisor.sock"
 # how long a forwarded request may wait for its owner past its own deadline (none: this)
 FORWARD_TIMEOUT_S = 3600.0
-# A request that finds this many requests of its model in flight in this worker may run on
-# another worker that is less busy with that model (spilling): one connection's requests then
-# use every worker. Below it a request always runs here, so a model that is done at once (a
-# cheap one, run inline on the loop) never pays for the hop.
-SPILL_DEPTH = 2
 
 
 def worker_socket(directory: Path, index: int) -> Path:
@@ -69,7 +70,8 @@ class WorkerPeers:
         self._cluster: dict[str, Any] = {"ready": False, "up": 0, "workers": workers, "restarts": 0}
         self._others = [i for i in range(workers) if i != index]
         self._spilled = dict.fromkeys(self._others, 0)  # requests this worker has running there
-        self._load: dict[tuple[int, str], int] = {}  # (worker, model) -> in flight, as last told
+        self._up = [True] * workers  # workers whose link answered (a gone one: False until ready)
+        self.board: Board | None = None
         self.spills = 0
         self._tasks: set[asyncio.Task[None]] = set()  # trace notifications being sent
         self._views: dict[str, Callable[[dict[str, Any]], Any]] = {}  # answers to gather()
@@ -83,6 +85,7 @@ class WorkerPeers:
     async def connect(self) -> list[tuple[str, dict[str, Any]]]:
         """Link to the supervisor and to the peers' calls; returns the changes made so far (to
         apply, with :meth:`attach`, once the plane exists)."""
+        self.board = Board(self.directory / BOARD_FILE, self.workers, self.index)
         path = worker_socket(self.directory, self.index)
         path.unlink(missing_ok=True)  # the socket of this worker's previous life
         self._server = await serve(str(path), self.handle, name="worker")
@@ -116,6 +119,12 @@ class WorkerPeers:
             await self.supervisor.close()
         if self._server is not None:
             self._server.close()
+
+    def admission(self, max_in_flight: int, max_per_model: int) -> BoardAdmission:
+        """This worker's admission control, which writes its counts to the load board."""
+        if self.board is None:
+            raise InternalError("the worker's admission was asked for before it connected")
+        return BoardAdmission(self.board, max_in_flight, max_per_model)
 
     # ------------------------------------------------------------ Peers
 
@@ -153,22 +162,18 @@ class WorkerPeers:
 
     def spill_target(self, model: str, in_flight: int) -> int | None:
         """Another worker for a request that found ``in_flight`` requests of ``model`` running
-        here: the one least busy with it (what this worker has running there, or what it last
-        said it had, whichever is more), if that is less busy than this one by more than one."""
-        if in_flight < SPILL_DEPTH or not self._others or not self._cluster["ready"]:
-            return None
-        plane = self.plane
-        if plane is None:
+        here, where a core is free for it sooner (``cluster/routing.py``); None: here."""
+        board, plane = self.board, self.plane
+        if board is None or plane is None or not self._others or not self._cluster["ready"]:
             return None
         servable = plane.servable(model)
         if servable is None or servable.forwarded or servable.decoupled:
             return None  # not here, owned by one worker, or a stream: it runs where it is
-        best, busy = None, in_flight - 1
-        for other in self._others:
-            load = max(self._spilled[other], self._load.get((other, model), 0))
-            if load < busy:
-                best, busy = other, load
-        return best
+        loads = board.loads(model)
+        loads[self.index] = in_flight
+        for other in self._others:  # a request on its way there is not on the board yet
+            loads[other] = max(loads[other], self._spilled[other])
+        return routing.route(self.index, loads, self._up, _routing_model(servable))
 
     async def spill(self, target: int, request: InferRequest) -> InferResponse:
         """Run ``request`` on worker ``target``; if that worker is gone, here after all."""
@@ -176,14 +181,12 @@ class WorkerPeers:
         link: Link | None = None
         try:
             link = await self._link_to(target)
-            reply: tuple[InferResponse, int] = await link.call("spill", request)
-            self._load[(target, request.model)] = reply[1]
+            response: InferResponse = await link.call("spill", request)
             self.spills += 1
-            return reply[0]
+            return response
         except Unavailable:
             if link is not None and not link.closed:
                 raise  # the other worker's own answer (overloaded, unavailable model)
-            self._load.pop((target, request.model), None)
         finally:
             self._spilled[target] -= 1
         assert self.plane is not None
@@ -224,6 +227,7 @@ class WorkerPeers:
                         str(worker_socket(self.directory, index)), None, f"worker {index}"
                     )
                 except OSError:
+                    self._up[index] = False  # no spills there until the supervisor says ready
                     raise Unavailable(f"worker {index} is not running (it is being restarted)") from None
                 self._owners[index] = link
             return link
@@ -233,6 +237,8 @@ class WorkerPeers:
     async def handle(self, kind: str, message: Any) -> Any:
         if kind == "cluster":  # the supervisor's readiness news: no need to be attached
             self._cluster.update(message)
+            if message.get("ready"):
+                self._up = [True] * self.workers
             return None
         if kind == "trace_count":  # the server's trace count after another worker's trace
             await self._attached.wait()
@@ -244,9 +250,8 @@ class WorkerPeers:
         assert plane is not None
         if kind == "run":
             return await plane.run_forwarded(message)
-        if kind == "spill":  # a request another worker had too many of: run here, say how busy
-            response = await plane.infer(message, spill=False)
-            return response, plane.admission.of(message.model)
+        if kind == "spill":  # a request another worker had too many of: run here
+            return await plane.infer(message, spill=False)
         if kind == "apply":
             async with self._apply:
                 await plane.apply(message["op"], message["args"])
@@ -257,6 +262,16 @@ class WorkerPeers:
                 raise NotFound(f"worker {self.index}: no view '{message['kind']}'")
             return view(message["args"])
         raise NotFound(f"worker {self.index}: unknown call '{kind}'")
+
+
+def _routing_model(servable: Servable) -> routing.Model:
+    """What the routing decision needs of a servable: its slots and its cost so far."""
+    compute = servable.stats.compute_infer
+    instances = sum(group.count for group in servable.config.instance_group)
+    return routing.Model(
+        routing.slots_of(servable.kind, servable.platform, instances),
+        routing.mean_compute_ns(compute.ns, compute.count),
+    )
 
 
 async def run_worker(directory: Path, index: int) -> int:
