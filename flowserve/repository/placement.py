@@ -7,9 +7,17 @@ others stand a forwarding node in for it (``nodes/forward.py``). A model needs o
 - it has ``sequence_batching``: a sequence's state (and its order) lives in one batcher;
 - it enables the response cache: one cache, of the size the server was given;
 - the server runs the rate limiter and its instances ask for resources: one count of them;
-- its instances are ``KIND_GPU``: one CUDA context per device, not one per worker;
 - its config pins it: ``parameters { key: "flowserve.pin" value { string_value: "true" } }``
   (a model too big to load N times, or whose instances must not be multiplied).
+
+A ``KIND_GPU`` model is *not* pinned: every worker loads its instance groups on the GPUs they
+name, so every worker's cores decode, batch and feed the GPU with no hop between processes
+(one worker decodes about 1.8k 600 KB images/s on an H200 host, far below what one GPU
+computes). The price is memory on the GPU: per worker a CUDA context on each device it uses
+(about 0.3-0.5 GiB), the weights, and ``count`` instances' workspaces, so ``--workers N``
+takes N times what one process takes; a model that does not fit N times sets ``flowserve.pin``
+and is then fed by the other workers through the link, whose large tensors cross in shared
+memory (``cluster/arena.py``), one copy each way.
 
 Ensembles and YAML graphs are never pinned: their steps reach a pinned model through its
 forwarding node. The owner is a stable hash of the model's name over the workers, so pinned
@@ -38,8 +46,6 @@ def pin_reason(model: ModelSpec, rate_limited: bool = False) -> str | None:
         return "the response cache is one cache"
     if rate_limited and any(group.resources for group in model.instances):
         return "the rate limiter counts its resources in one place"
-    if any(group.kind == "KIND_GPU" for group in model.instances):
-        return "GPU instances own one CUDA context per device"
     if model.parameters.get(PIN_PARAMETER, "").strip().lower() in ("1", "true", "yes", "on"):
         return f"its config sets '{PIN_PARAMETER}'"
     return None
