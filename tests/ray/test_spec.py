@@ -83,7 +83,8 @@ def test_config_parameters() -> None:
     for params, message in [
         ({"flowserve.ray.num_cpus": "1"}, "'flowserve.ray.count' is needed"),
         ({"flowserve.ray.count": "two"}, "must be an integer"),
-        ({"flowserve.ray.count": "0"}, "must be >= 1"),
+        ({"flowserve.ray.count": "0"}, "must be between 1 and 1024"),
+        ({"flowserve.ray.count": "100000"}, "must be between 1 and 1024 .instances of one model"),
         ({"flowserve.ray.count": "1", "flowserve.ray.cpus": "1"}, "unknown parameter 'flowserve.ray.cpus'"),
         ({"flowserve.ray.count": "1", "flowserve.ray.resources": "[1]"}, "JSON object"),
     ]:
