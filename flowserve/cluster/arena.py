@@ -11,11 +11,17 @@ block is gone, the receiver tells the sender (a RELEASE frame, batched) and the 
 again. Until then it belongs to the receiver, so an array kept longer (a cache, a model's state)
 stays valid; an arena that is full sends through the socket instead (never an error).
 
-Cost of a hop, measured on the 2-core development machine (``benchmarks/ipc_hop.py``,
-``benchmarks/README.md``): over the socket a buffer is copied twice (into the kernel, out of it
-into a fresh ``bytearray`` whose pages the kernel must zero and fault in): 1 MiB took 0.65 ms
-each way, 16 MiB 13 ms. Through the arena it is copied once, by the sender, into pages already
-mapped; see the README for the measured numbers.
+Cost of a hop (a round trip to an echo peer, both processes' CPU; ``benchmarks/ipc_hop.py``
+on the loaded 2-core development machine, ``benchmarks/README.md``), socket / shared memory:
+over the socket a buffer is copied twice (into the kernel, then out of it into a fresh
+``bytearray`` whose pages the kernel must zero and fault in); through the arena once, by the
+sender, into pages already mapped:
+
+    payload                   CPU per round trip      MB/s one way (c=8)
+    3x224x224 FP32 (588 KiB)  690 / 435 us            374 / 931
+    1 MiB                     1.01 / 0.71 ms          320 / 674
+    16 MiB                    16.8 / 6.6 ms           265 / 557
+    64 MiB                    128 / 30 ms             160 / 632
 
 Blocks come in power-of-two sizes from :data:`SHARED_MIN` up; a segment holds the blocks of one
 size (at least one block, else :data:`SEGMENT_BYTES` worth). Memory: at most ``capacity`` bytes
