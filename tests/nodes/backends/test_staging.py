@@ -146,7 +146,9 @@ def test_to_numpy_lends_a_pinned_block_until_the_array_is_gone() -> None:
     del view
     gc.collect()
     assert staging.outputs.free == 1
-    again, _ = to_host(device.tensor(device.launch(producer, "make", lambda: np.ones(3, np.float32)), producer))
+    again, _ = to_host(
+        device.tensor(device.launch(producer, "make", lambda: np.ones(3, np.float32)), producer)
+    )
     assert again.tolist() == [1, 1, 1]
 
 
@@ -230,3 +232,28 @@ def test_a_device_tensor_keeps_its_staging_through_a_batch_split() -> None:
     assert isinstance(row, DeviceTensor) and row.device == Device("cuda", 0)
     host, copied = to_host(row)
     assert host.tolist() == [[2.0, 3.0]] and copied == 16
+
+
+def test_the_models_parameter_bounds_or_turns_off_its_staging() -> None:
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from flowserve.core.errors import InvalidArgument
+    from flowserve.nodes.backends.cuda import TorchCudaOps, staging_for, torch_dtype
+    from flowserve.nodes.backends.staging import DEFAULT_LIMIT, LIMIT_PARAMETER
+
+    ops = TorchCudaOps(torch)  # nothing here touches CUDA: streams are made when first needed
+
+    def model(**parameters: str) -> object:
+        return SimpleNamespace(name="m", parameters=parameters)
+
+    made = staging_for(model(), ops, Device("cuda", 0), None)  # type: ignore[arg-type]
+    assert made is not None and made.inputs.limit == made.outputs.limit == DEFAULT_LIMIT
+    small = staging_for(model(**{LIMIT_PARAMETER: "1048576"}), ops, Device("cuda", 0), None)  # type: ignore[arg-type]
+    assert small is not None and small.inputs.limit == 1 << 20
+    assert staging_for(model(**{LIMIT_PARAMETER: "0"}), ops, Device("cuda", 0), None) is None  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=LIMIT_PARAMETER):
+        staging_for(model(**{LIMIT_PARAMETER: "lots"}), ops, Device("cuda", 0), None)  # type: ignore[arg-type]
+    assert torch_dtype(torch, np.dtype(np.float16)) == torch.float16
+    assert torch_dtype(torch, np.dtype(ml_dtypes.bfloat16)) == torch.bfloat16
+    assert torch_dtype(torch, np.dtype(np.bool_)) == torch.bool
