@@ -18,7 +18,8 @@ for outputs, and the copies through them, ordered by the rule of :mod:`flowserve
   recorded there, and the consumer (the thread that asked for the host array) waits on that
   one event. The numpy array it gets is a view of the block; the block goes back to the pool
   when the last array over it is gone. :meth:`Staging.download` copies straight into a buffer
-  the caller provides (a response buffer), with no pinned block at all.
+  the caller provides (a response buffer), with no pinned block at all; :func:`download_into`
+  finds a device tensor's staging for that (a shared-memory output can use it).
 
 Pools grow as needed (blocks of a power-of-two size, 64 KiB at least, so one block serves
 requests of nearby sizes), reuse the smallest free block that fits, and are bounded
@@ -299,6 +300,24 @@ class Staging:
         return self.copier.download_pageable(value)
 
 
+def download_into(tensor: DeviceTensor, out: np.ndarray) -> int:
+    """``tensor``'s bytes written into ``out``, a host buffer of its size (a response's, a
+    shared-memory region's; C-contiguous): straight from the device through the producer's
+    staging when it has one (:meth:`Staging.download`), else through its host copy. Returns the
+    bytes copied off the device (0 for a tensor in host memory)."""
+    staging = getattr(tensor.to_numpy_fn, "__self__", None)
+    if isinstance(staging, Staging) and not tensor.device.is_cpu:
+        staging.download(tensor, out)
+        return tensor.nbytes
+    array, copied = tensor.host()
+    source = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    target = out.reshape(-1).view(np.uint8)
+    if source.nbytes != target.nbytes:
+        raise ValueError(f"a buffer of {target.nbytes} bytes cannot take a {source.nbytes}-byte tensor")
+    np.copyto(target, source)
+    return copied
+
+
 # ----------------------------------------------------------------------------- the fake device
 
 
@@ -363,4 +382,5 @@ __all__ = [
     "PinnedPool",
     "Staging",
     "block_size",
+    "download_into",
 ]

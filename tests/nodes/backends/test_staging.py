@@ -257,3 +257,22 @@ def test_the_models_parameter_bounds_or_turns_off_its_staging() -> None:
     assert torch_dtype(torch, np.dtype(np.float16)) == torch.float16
     assert torch_dtype(torch, np.dtype(ml_dtypes.bfloat16)) == torch.bfloat16
     assert torch_dtype(torch, np.dtype(np.bool_)) == torch.bool
+
+
+def test_download_into_a_region_through_the_producers_staging_or_the_host() -> None:
+    from flowserve.nodes.backends.staging import download_into
+
+    device, copier, staging = _staging()
+    producer = device.stream(device.device)
+    tensor = device.tensor(device.launch(producer, "make", lambda: np.arange(4, dtype=np.int32)), producer)
+    tensor.to_numpy_fn = staging.to_numpy  # made by an instance with staging
+    region = np.zeros(16, np.uint8)  # raw bytes, as a shared-memory region's view
+    assert download_into(tensor, region) == 16
+    assert region.view(np.int32).tolist() == [0, 1, 2, 3] and copier.allocated == []
+    # without staging (the fake's own host copy), and a host tensor (no bytes off a device)
+    plain = device.tensor(device.launch(producer, "make", lambda: np.ones(4, np.int32)), producer)
+    assert download_into(plain, region) == 16 and region.view(np.int32).tolist() == [1, 1, 1, 1]
+    host = DeviceTensor(np.full(4, 7, np.int32), np.dtype(np.int32), (4,))
+    assert download_into(host, region) == 0 and region.view(np.int32).tolist() == [7] * 4
+    with pytest.raises(ValueError, match="cannot take"):
+        download_into(host, np.zeros(8, np.uint8))
