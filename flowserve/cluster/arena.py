@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import mmap
 import os
 import weakref
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+log = logging.getLogger("flowserve.cluster")
 SHM_DIR = Path("/dev/shm")
 PREFIX = "flowserve-link-"
 SHARED_MIN = 256 << 10  # buffers at least this large go through shared memory
@@ -139,17 +141,37 @@ class Arena:
             return None
         key = (os.getpid() << 32) | (self._number << 16) | index
         path = SHM_DIR / segment_name(key)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, total)
-            memory = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+            memory = _allocate(path, total)
+        except OSError as exc:  # /dev/shm full (a container's 64 MiB default): use the socket
+            log.warning(
+                "link arena: no room for %d bytes in %s (%s); large tensors go over the socket",
+                total, SHM_DIR, exc,
+            )  # fmt: skip
+            self.capacity = self.bytes  # do not try again for every tensor
+            return None
         segment = _Segment(key, size, memory, list(range(total - size, -1, -size)))
         self._segments[key] = segment
         self._by_size.setdefault(size, []).append(segment)
         self.bytes += total
         return segment
+
+
+def _allocate(path: Path, total: int) -> mmap.mmap:
+    """A new shared-memory file of ``total`` bytes, mapped. Its pages are reserved first
+    (``posix_fallocate``): a file only truncated to size would take its pages when first
+    written, and where tmpfs has no room then (a container's small /dev/shm) the write is a
+    SIGBUS that kills the process, where this is an OSError (ENOSPC) before anything is sent."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, total)
+        return mmap.mmap(fd, total)
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    finally:
+        os.close(fd)
 
 
 class Mapping:

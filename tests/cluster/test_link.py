@@ -207,6 +207,25 @@ async def test_a_full_arena_or_a_small_tensor_goes_through_the_socket(pair: Pair
     assert np.array_equal(reply["x"], big) and arena.sent == 0 and arena.full == 1
 
 
+def test_no_room_in_dev_shm_is_a_fallback_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small /dev/shm (a container's 64 MiB default): the segment's pages are reserved before
+    anything is written, so a lack of room is ENOSPC and the socket, never a SIGBUS."""
+
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(arenamod.os, "posix_fallocate", no_room)
+    arena = arenamod.Arena()
+    first = arenamod.SHM_DIR / arenamod.segment_name((os.getpid() << 32) | (arena._number << 16))
+    try:
+        assert arena.put(memoryview(np.ones(1 << 20, np.uint8))) is None
+        assert arena.full == 1 and arena.bytes == 0
+        assert arena.put(memoryview(np.ones(1 << 20, np.uint8))) is None  # not tried again
+        assert not first.exists()  # the file that could not be reserved is removed
+    finally:
+        arena.close()
+
+
 async def test_a_shared_block_outside_its_segment_ends_the_link(pair: Pair) -> None:
     assert pair.client is not None
     await pair.client.call("echo", {"x": np.ones(1 << 18, np.float32)})
