@@ -328,6 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_bytes=args.max_request_bytes,
             max_tensor_elements=args.max_tensor_elements,
             max_bytes_element=args.max_bytes_element,
+            max_bytes_elements_per_request=args.max_bytes_elements_per_request,
         ),
         shutdown_grace_s=args.exit_timeout_secs,
         max_connections=args.max_connections,
@@ -614,6 +615,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         default=d.limits.max_bytes_element,
         metavar="BYTES",
         help="largest single element of a BYTES input",
+    )
+    serve.add_argument(
+        "--max-bytes-elements-per-request",
+        type=int,
+        default=d.limits.max_bytes_elements_per_request,
+        metavar="N",
+        help="most BYTES elements one request may carry, all its inputs together (each becomes a "
+        "Python object)",
     )
     serve.add_argument(
         "--max-inflight-requests",

@@ -8,6 +8,10 @@ tensor (no scan of the data), so the decoders call them on the hot path:
   and no element count above ``max_tensor_elements`` (so a product never overflows anything and
   a shape like ``[0, 2**62]`` is refused as well);
 - :func:`check_bytes_element`: one BYTES element no longer than ``max_bytes_element``;
+- :func:`check_bytes_elements`: BYTES elements of a whole request (all its tensors) no more than
+  ``max_bytes_elements_per_request``: each becomes a Python object, decoded one by one, so a
+  request of many tiny elements (20 million empty ones fit in 76 MiB) costs far more time and
+  memory than its size says;
 - :func:`max_bytes_size`: the most bytes a number of BYTES elements can take on the wire.
 
 Over a limit is :class:`~flowserve.core.errors.ResourceExhausted` (HTTP 413, gRPC
@@ -34,6 +38,7 @@ class Limits:
     max_request_bytes: int = 256 * 1024 * 1024
     max_tensor_elements: int = 64 * 1024 * 1024
     max_bytes_element: int = 16 * 1024 * 1024
+    max_bytes_elements_per_request: int = 4 * 1024 * 1024
 
 
 DEFAULT_LIMITS = Limits()
@@ -73,6 +78,17 @@ def check_bytes_element(name: str, index: int, length: int, limits: Limits = DEF
         raise ResourceExhausted(
             f"input '{name}': BYTES element {index} has {length} bytes, over the server's limit of "
             f"{limits.max_bytes_element} bytes per element"
+        )
+
+
+def check_bytes_elements(model: str, name: str, total: int, limits: Limits = DEFAULT_LIMITS) -> None:
+    """``total``: the BYTES elements of a request up to and including its input ``name``."""
+    limit = limits.max_bytes_elements_per_request
+    if total > limit:
+        raise ResourceExhausted(
+            f"model '{model}', input '{name}': the request holds {total} BYTES elements (counting "
+            f"its inputs up to this one), over the server's limit of {limit} per request "
+            "(--max-bytes-elements-per-request)"
         )
 
 

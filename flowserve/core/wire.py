@@ -24,6 +24,9 @@ from flowserve.core.limits import (
 )
 
 _LEN = struct.Struct("<I")
+# a binary body (a memoryview) whose BYTES elements are this small on average is copied to
+# bytes once, so that each element is one slice of it rather than a view and then a copy
+COPY_BELOW = 256
 
 
 def element_count(name: str, shape: Sequence[int], limits: Limits = DEFAULT_LIMITS) -> int:
@@ -77,33 +80,93 @@ def check_shm_size(
 def _bytes_from_raw(
     name: str, count: int, shape: Sequence[int], data: bytes | bytearray | memoryview, limits: Limits
 ) -> np.ndarray:
-    view = memoryview(data)
-    size = len(view)
-    items: list[bytes] = []
-    offset = 0
+    buf: bytes | memoryview = data if isinstance(data, bytes) else memoryview(data)
+    if isinstance(buf, memoryview) and len(buf) < count * COPY_BELOW:
+        buf = bytes(buf)  # many small elements: one copy, then each is a slice of it
+    items = _uniform_items(name, count, buf, limits)
+    if items is None:
+        items = _split_items(name, count, shape, buf, limits)
+    return _object_array(items, shape)
+
+
+def _uniform_items(name: str, count: int, buf: bytes | memoryview, limits: Limits) -> list[bytes] | None:
+    """The elements when all have the length of the first (fixed-size strings, a million empty
+    ones), checked and cut out by numpy without a Python step per element; None if not."""
+    size = len(buf)
+    if count < 2 or size < 4:
+        return None
+    (length,) = _LEN.unpack_from(buf, 0)
+    if size != count * (4 + length):
+        return None
+    if length > limits.max_bytes_element:
+        check_bytes_element(name, 0, length, limits)
+    prefixes = np.ndarray((count,), "<u4", buf, 0, (4 + length,))
+    if not (prefixes == length).all():
+        return None
+    if length == 0:
+        return [b""] * count
+    # "V<n>" elements come back from tolist() as bytes, NUL bytes and all
+    items: list[bytes] = np.ndarray((count,), f"V{length}", buf, 4, (4 + length,)).tolist()
+    return items
+
+
+def _split_items(
+    name: str, count: int, shape: Sequence[int], buf: bytes | memoryview, limits: Limits
+) -> list[bytes]:
+    """The elements of length-prefixed ``buf``, one tight step each (where an element starts
+    depends on every length before it, so this part cannot be vectorised)."""
+    size = len(buf)
     max_element = limits.max_bytes_element
-    while offset < size:
-        if offset + 4 > size:
-            raise InvalidArgument(f"input '{name}': BYTES data ends inside a 4-byte length prefix")
-        (length,) = _LEN.unpack_from(view, offset)
-        offset += 4
-        if length > max_element:
-            check_bytes_element(name, len(items), length, limits)
-        if offset + length > size:
-            raise InvalidArgument(
-                f"input '{name}': BYTES element {len(items)} claims {length} bytes but only "
-                f"{size - offset} remain"
-            )
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-        if len(items) > count:
-            break
-    if len(items) != count:
+    unpack = _LEN.unpack_from
+    items: list[Any] = []
+    append = items.append
+    offset = 0
+    try:
+        for index in range(count):
+            (length,) = unpack(buf, offset)
+            start = offset + 4
+            offset = start + length
+            if offset > size or length > max_element:
+                check_bytes_element(name, index, length, limits)
+                raise InvalidArgument(
+                    f"input '{name}': BYTES element {index} claims {length} bytes but only "
+                    f"{size - start} remain"
+                )
+            append(buf[start:offset])
+    except struct.error:  # fewer than 4 bytes left at ``offset``
+        if offset < size:
+            raise InvalidArgument(f"input '{name}': BYTES data ends inside a 4-byte length prefix") from None
         raise InvalidArgument(
-            f"input '{name}': shape {list(shape)} needs {count} BYTES elements, data holds "
-            f"{len(items)}{' or more' if len(items) > count else ''}"
+            f"input '{name}': shape {list(shape)} needs {count} BYTES elements, data holds {len(items)}"
+        ) from None
+    if offset != size:
+        _trailing(name, count, shape, buf, offset, limits)
+    if isinstance(buf, memoryview):  # few large elements: each is copied out of its view
+        return [bytes(item) for item in items]
+    return items
+
+
+def _trailing(
+    name: str, count: int, shape: Sequence[int], buf: bytes | memoryview, offset: int, limits: Limits
+) -> None:
+    """Raise for the data past the ``count`` elements a shape needs (what is wrong with the
+    next element, if anything, else that there is one)."""
+    size = len(buf)
+    if size - offset < 4:
+        raise InvalidArgument(f"input '{name}': BYTES data ends inside a 4-byte length prefix")
+    (length,) = _LEN.unpack_from(buf, offset)
+    check_bytes_element(name, count, length, limits)
+    if offset + 4 + length > size:
+        raise InvalidArgument(
+            f"input '{name}': BYTES element {count} claims {length} bytes but only {size - offset - 4} remain"
         )
-    array = np.empty(count, dtype=np.object_)
+    raise InvalidArgument(
+        f"input '{name}': shape {list(shape)} needs {count} BYTES elements, data holds {count + 1} or more"
+    )
+
+
+def _object_array(items: list[bytes], shape: Sequence[int]) -> np.ndarray:
+    array = np.empty(len(items), dtype=np.object_)
     array[:] = items
     return array.reshape(tuple(shape))
 
@@ -111,15 +174,63 @@ def _bytes_from_raw(
 def to_raw(array: np.ndarray) -> bytes:
     """Encode a tensor as raw little-endian row-major bytes (BYTES: length-prefixed)."""
     if array.dtype.kind in "OSU":
-        parts = []
-        for item in array.reshape(-1):
-            b = as_bytes(item)
-            parts.append(_LEN.pack(len(b)))
-            parts.append(b)
-        return b"".join(parts)
+        return _bytes_to_raw(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return np.ascontiguousarray(array).tobytes()
+
+
+def _bytes_to_raw(array: np.ndarray) -> bytes:
+    """Length-prefixed elements, with no Python step per element for many small ones: the
+    prefixes are made and placed by numpy around the joined elements."""
+    items = _bytes_items(array.reshape(-1).tolist())
+    count = len(items)
+    if not count:
+        return b""
+    lengths = np.fromiter(map(len, items), np.int64, count)
+    if int(lengths.sum()) > count * LARGE_ELEMENTS:  # few large elements: a step each is nothing
+        return b"".join([part for item in items for part in (_LEN.pack(len(item)), item)])
+    first = int(lengths[0])
+    if (lengths == first).all():
+        return _uniform_raw(items, first)
+    chunks = range(0, count, ENCODE_CHUNK)
+    return b"".join(_packed(items[i : i + ENCODE_CHUNK], lengths[i : i + ENCODE_CHUNK]) for i in chunks)
+
+
+# BYTES outputs: elements this long on average are encoded one step each; shorter ones by numpy,
+# this many at a time (its index arrays take 32 bytes per element)
+LARGE_ELEMENTS = 64
+ENCODE_CHUNK = 1 << 16
+
+
+def _uniform_raw(items: list[bytes], length: int) -> bytes:
+    """Elements of one ``length``: rows of prefix and element."""
+    out = np.empty((len(items), 4 + length), np.uint8)
+    out[:, :4] = np.array([length], "<u4").view(np.uint8)
+    if length:  # "S<n>" keeps each element's n bytes as they are (NUL bytes too)
+        out[:, 4:] = np.array(items, f"S{length}").view(np.uint8).reshape(len(items), length)
+    return out.tobytes()
+
+
+def _packed(items: list[bytes], lengths: np.ndarray) -> bytes:
+    """Elements of any lengths: each prefix put at its place, the joined elements around them."""
+    body = np.frombuffer(b"".join(items), np.uint8)
+    starts = np.zeros(len(items), np.int64)
+    np.cumsum(lengths[:-1] + 4, out=starts[1:])
+    prefix = (starts[:, None] + np.arange(4)).reshape(-1)
+    out = np.empty(body.size + 4 * len(items), np.uint8)
+    out[prefix] = lengths.astype("<u4").view(np.uint8)
+    data = np.ones(out.size, bool)
+    data[prefix] = False
+    out[data] = body
+    return out.tobytes()
+
+
+def _bytes_items(items: list[Any]) -> list[bytes]:
+    """BYTES elements as bytes (str is UTF-8); the list itself when they are all bytes."""
+    if set(map(type, items)) <= {bytes}:
+        return items
+    return [as_bytes(item) for item in items]
 
 
 def raw_size(array: np.ndarray) -> int:
@@ -146,19 +257,18 @@ def from_list(
     """A tensor from JSON-style data (flat or nested lists) or typed protobuf contents."""
     count = check_shape(name, shape, limits)
     if datatype == "BYTES":
-        flat = _flatten(data)
+        # typed contents (gRPC bytes_contents) are a flat list of bytes: taken as they are
+        flat = data if isinstance(data, list) and set(map(type, data)) <= {bytes} else _flatten(data)
         if len(flat) != count:
             raise InvalidArgument(
                 f"input '{name}': shape {list(shape)} needs {count} elements, got {len(flat)}"
             )
-        items = [as_bytes(x) for x in flat]
+        items = flat if flat is data else [as_bytes(x) for x in flat]
         max_element = limits.max_bytes_element
-        for index, item in enumerate(items):
-            if len(item) > max_element:
+        if count and max(map(len, items)) > max_element:
+            for index, item in enumerate(items):
                 check_bytes_element(name, index, len(item), limits)
-        array = np.empty(count, dtype=np.object_)
-        array[:] = items
-        return array.reshape(tuple(shape))
+        return _object_array(items, shape)
     dtype = to_numpy(datatype)
     try:
         # a value out of the type's range (1e300 as FP16) is refused, not turned into inf

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from flowserve.core.errors import InvalidArgument, ResourceExhausted
+from flowserve.core.limits import Limits
 from flowserve.core.wire import from_list, from_raw, to_raw
 
 
@@ -67,3 +68,65 @@ def test_from_list_nested_and_flat() -> None:
         from_list("x", "INT8", [2, 2], [1, 2, 3])
     with pytest.raises(InvalidArgument, match="does not fit INT8"):
         from_list("x", "INT8", [1], ["abc"])
+
+
+# BYTES in bulk: elements of one length are cut out by numpy, others one tight step each;
+# encoding places numpy-made prefixes around the joined elements. Each against the format.
+
+
+def _reference_raw(items: list[bytes]) -> bytes:
+    return b"".join(len(b).to_bytes(4, "little") + b for b in items)
+
+
+BULK = {
+    "empty": [b""] * 1000,
+    "one length, NUL bytes kept": [b"\x00a\x00", b"bc\x00", b"\x00\x00\x00"] * 300,
+    "mixed lengths": [bytes([i % 256]) * (i % 7) for i in range(70_000)],  # over one encode chunk
+    "large": [b"x" * 5000, b"y" * 70, b"z" * 9000],
+    "one element": [b"abc"],
+}
+
+
+@pytest.mark.parametrize("case", list(BULK))
+def test_bytes_in_bulk_decode_and_encode_as_the_format_says(case: str) -> None:
+    items = BULK[case]
+    raw = _reference_raw(items)
+    for data in (raw, bytearray(raw), memoryview(b"head" + raw)[4:]):  # gRPC, HTTP binary bodies
+        back = from_raw("s", "BYTES", [len(items)], data)
+        assert back.dtype == object and back.tolist() == items
+        assert all(type(b) is bytes for b in back.tolist())
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    assert to_raw(array) == raw
+    assert from_list("s", "BYTES", [len(items)], list(items)).tolist() == items
+
+
+def test_bytes_encode_takes_str_and_fixed_width_arrays() -> None:
+    assert to_raw(np.array(["ab", "caf\u00e9", ""], dtype=np.object_)) == _reference_raw(
+        [b"ab", "caf\u00e9".encode(), b""]
+    )
+    assert to_raw(np.array([b"ab", b"c"], dtype="S2")) == _reference_raw([b"ab", b"c"])
+    assert to_raw(np.array(["xy", "z"], dtype="U2")) == _reference_raw([b"xy", b"z"])
+    assert to_raw(np.array([], dtype=np.object_)) == b""
+
+
+@pytest.mark.parametrize(
+    "count,data,error,message",
+    [
+        (3, _reference_raw([b"ab"] * 2), InvalidArgument, "needs 3 BYTES elements, data holds 2"),
+        (2, _reference_raw([b"ab"] * 3), InvalidArgument, "needs 2 BYTES elements, data holds 3 or more"),
+        (2, _reference_raw([b"ab"] * 2) + b"\x01", InvalidArgument, "ends inside a 4-byte length prefix"),
+        (
+            2,
+            _reference_raw([b"ab"]) + b"\x09\x00\x00\x00abc",
+            InvalidArgument,
+            "element 1 claims 9 bytes but only 3",
+        ),
+        (2, _reference_raw([b"a" * 20] * 2), ResourceExhausted, "BYTES element 0 has 20 bytes"),
+        (3, _reference_raw([b"a", b"b", b"c" * 20]), ResourceExhausted, "BYTES element 2 has 20 bytes"),
+        (1, _reference_raw([b"a", b"c" * 20]), ResourceExhausted, "BYTES element 1 has 20 bytes"),
+    ],
+)
+def test_bad_bytes_in_bulk(count: int, data: bytes, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        from_raw("s", "BYTES", [count], data, Limits(max_bytes_element=16))

@@ -17,7 +17,11 @@ The server runs in a subprocess, so a crash is a failed test, not a dead pytest.
 from __future__ import annotations
 
 import functools
+import http.client
+import itertools
+import json
 import os
+import struct
 import threading
 import time
 import uuid
@@ -25,11 +29,13 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServerProcess, start_server
@@ -287,3 +293,164 @@ def test_a_region_whose_size_flips_under_requests_never_crashes(
         out.close()
     assert answers + errors > 10, (answers, errors)
     assert_alive(served, protocol)
+
+
+# ------------------------------------------------------------------ item 7: many BYTES elements
+
+ATTACK_ELEMENTS = 20_000_000  # empty BYTES elements: 76 MiB of length prefixes
+LIMIT_FLAG = "--max-bytes-elements-per-request"
+DEFAULT_LIMIT = 4 * 1024 * 1024
+
+
+def bytes_header(count: int, blob: int) -> bytes:
+    doc = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "BYTES",
+                "shape": [1, count],
+                "parameters": {"binary_data_size": blob},
+            }
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }
+    return json.dumps(doc).encode()
+
+
+def post_infer(
+    served: ServerProcess, body: bytes, header_length: int | None
+) -> tuple[int, dict[str, str], bytes]:
+    """identity_string over a fresh HTTP connection: (status, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", served.http_port, timeout=120)
+    headers = {"Content-Type": "application/octet-stream"}
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = str(header_length)
+    try:
+        conn.request("POST", "/v2/models/identity_string/infer", body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def grpc_stub(served: ServerProcess) -> tuple[grpc.Channel, Any]:
+    options = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
+    channel = grpc.insecure_channel(served.grpc_url, options=options)
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def grpc_bytes_request(count: int, raw: bytes | None) -> Any:
+    """identity_string with ``count`` BYTES elements: ``raw`` as raw_input_contents, or (None)
+    that many empty elements as typed bytes_contents."""
+    msg = service_pb2.ModelInferRequest(model_name="identity_string")
+    tensor = msg.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, count])
+    if raw is None:
+        tensor.contents.bytes_contents.extend(itertools.repeat(b"", count))
+    else:
+        msg.raw_input_contents.append(raw)
+    return msg
+
+
+def assert_names_the_limit(message: str, count: int | None) -> None:
+    """The refusal names model, tensor, the limit and its flag; ``count`` None: typed contents,
+    refused from a count of the message's fields before it was parsed (fields.py)."""
+    if count is None:
+        assert "model 'identity_string', tensor 'INPUT0'" in message, message
+        assert f"more than {DEFAULT_LIMIT + (1 << 16)} protobuf fields" in message, message
+    else:
+        assert "model 'identity_string', input 'INPUT0'" in message, message
+        assert f"holds {count} BYTES elements" in message, message
+    assert f"limit of {DEFAULT_LIMIT} BYTES elements per request" in message or (
+        f"limit of {DEFAULT_LIMIT} per request" in message
+    ), message
+    assert f"({LIMIT_FLAG})" in message, message
+
+
+@pytest.mark.parametrize("encoding", ["binary", "json"])
+def test_http_a_request_of_millions_of_bytes_elements_is_refused_quickly(
+    served: ServerProcess, encoding: str
+) -> None:
+    """20 million empty elements in a binary body (76 MiB); 5 million in a JSON one (its limit
+    is 32 MiB): 413 naming model, input and flag, and a good client is answered meanwhile."""
+    if encoding == "binary":
+        head = bytes_header(ATTACK_ELEMENTS, 4 * ATTACK_ELEMENTS)
+        body, length, count = head + bytes(4 * ATTACK_ELEMENTS), len(head), ATTACK_ELEMENTS
+    else:
+        count = 5_000_000
+        data = "[" + ",".join(itertools.repeat('""', count)) + "]"
+        body = f'{{"inputs":[{{"name":"INPUT0","datatype":"BYTES","shape":[1,{count}],"data":{data}}}]}}'.encode()
+        length = None
+    with Prober(served, "http"):
+        started = time.monotonic()
+        status, _, answer = post_infer(served, body, length)
+        took = time.monotonic() - started
+    assert status == 413, answer[:300]
+    assert_names_the_limit(json.loads(answer)["error"], count)
+    assert took < 30, took  # the body's transfer and (JSON) parse, no decoding
+    assert_alive(served, "http")
+
+
+@pytest.mark.parametrize("contents", ["raw", "typed"])
+def test_grpc_a_request_of_millions_of_bytes_elements_is_refused_quickly(
+    served: ServerProcess, contents: str
+) -> None:
+    """20 million empty elements as raw_input_contents (76 MiB) or as typed bytes_contents
+    (38 MiB, whose parse alone held the GIL for 0.7 s and took 700 MB: refused from a count of
+    its fields, in a thread, before it is parsed): RESOURCE_EXHAUSTED naming model, input and
+    flag; a good client is answered meanwhile."""
+    msg = grpc_bytes_request(ATTACK_ELEMENTS, bytes(4 * ATTACK_ELEMENTS) if contents == "raw" else None)
+    channel, stub = grpc_stub(served)
+    try:
+        with Prober(served, "grpc"), pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(msg, timeout=120)
+    finally:
+        channel.close()
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    assert_names_the_limit(str(err.value.details()), ATTACK_ELEMENTS if contents == "raw" else None)
+    assert_alive(served, "grpc")
+
+
+def small_elements(count: int) -> bytes:
+    """``count`` BYTES elements of 0 to 3 bytes, length-prefixed (not all of one length, so they
+    are decoded one step each, not cut out by numpy at once)."""
+    lengths = np.arange(count, dtype=np.uint32) % 4
+    body = bytearray()
+    for length in range(4):
+        body += struct.pack("<I", length) + b"abc"[:length]
+    cycle = bytes(body)  # the four lengths, in order, repeated
+    assert count % 4 == 0 and len(lengths) == count
+    return cycle * (count // 4)
+
+
+BELOW = 2_000_000  # elements under the bound: decoded and encoded in a worker thread
+
+
+def test_http_millions_of_bytes_elements_under_the_bound_are_decoded_off_the_loop(
+    served: ServerProcess,
+) -> None:
+    """Under the bound, millions of elements are decoded (and the echo encoded) in a worker
+    thread: the answer is exact and a good client is answered promptly meanwhile."""
+    raw = small_elements(BELOW)
+    head = bytes_header(BELOW, len(raw))
+    with Prober(served, "http"):
+        status, headers, answer = post_infer(served, head + raw, len(head))
+    assert status == 200, answer[:300]
+    length = int(headers["Inference-Header-Content-Length"])
+    assert json.loads(answer[:length])["outputs"][0]["shape"] == [1, BELOW]
+    assert answer[length:] == raw
+    assert_alive(served, "http")
+
+
+def test_grpc_millions_of_bytes_elements_under_the_bound_are_decoded_off_the_loop(
+    served: ServerProcess,
+) -> None:
+    raw = small_elements(BELOW)
+    channel, stub = grpc_stub(served)
+    try:
+        with Prober(served, "grpc"):
+            response = stub.ModelInfer(grpc_bytes_request(BELOW, raw), timeout=120)
+    finally:
+        channel.close()
+    assert list(response.outputs[0].shape) == [1, BELOW]
+    assert response.raw_output_contents[0] == raw
+    assert_alive(served, "grpc")

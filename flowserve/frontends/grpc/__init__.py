@@ -27,6 +27,7 @@ from flowserve.frontends import GRPC_SERVERS
 from flowserve.frontends.grpc import health, http2
 from flowserve.frontends.grpc.access import RestrictionInterceptor, grpc_category
 from flowserve.frontends.grpc.errors import STATUS, status_of
+from flowserve.frontends.grpc.fields import guard_inference
 from flowserve.frontends.grpc.http2 import (
     COMPRESSION_LEVELS,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -162,6 +163,7 @@ async def _start_native(
             return rules.denial(grpc_category(path), header)
 
     methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
+    guard_inference(methods, plane.limits.max_bytes_elements_per_request)  # fields, before parsing
     methods.update(health.native_methods(health.HealthServicer(plane)))
     native = Http2GrpcServer(
         methods,

@@ -11,6 +11,7 @@ contents, as in Triton.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from flowserve.core.datatypes import DATATYPES, from_numpy
 from flowserve.core.device import tensor_map
 from flowserve.core.errors import InvalidArgument
-from flowserve.core.limits import DEFAULT_LIMITS, Limits, check_shape
+from flowserve.core.limits import DEFAULT_LIMITS, MAX_RANK, Limits, check_bytes_elements, check_shape
 from flowserve.core.node import TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.core.wire import from_list, from_raw, to_raw
@@ -92,6 +93,7 @@ def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT
     n_raw = len(raw)
     used = 0
     inputs: TensorMap = {}
+    bytes_elements = 0
     for tensor in msg.inputs:
         name = tensor.name
         if name in inputs:
@@ -99,6 +101,9 @@ def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT
         datatype = tensor.datatype
         if datatype not in DATATYPES:
             raise InvalidArgument(f"input '{name}': unknown datatype '{datatype}'")
+        if datatype == "BYTES":
+            bytes_elements += check_shape(name, tensor.shape, limits)
+            check_bytes_elements(msg.model_name, name, bytes_elements, limits)
         if tensor.parameters and SHM_REGION in tensor.parameters:
             inputs[name] = _from_shm(tensor, shm, limits)
         elif tensor.HasField("contents"):
@@ -126,6 +131,23 @@ def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT
     if msg.outputs:
         request.outputs = [_requested(o) for o in msg.outputs]
     return request
+
+
+def one_by_one(msg: Any) -> int:
+    """The elements of a ModelInferRequest decoded one by one (BYTES inputs, typed contents),
+    by their declared shapes (absurd ones count nothing: decoding refuses them)."""
+    total = 0
+    for tensor in msg.inputs:
+        if tensor.datatype == "BYTES" or tensor.HasField("contents"):
+            shape = tensor.shape
+            if len(shape) <= MAX_RANK:
+                total += math.prod(shape)
+    return total
+
+
+def encoded_one_by_one(response: InferResponse) -> int:
+    """The elements of a response encoded one by one (BYTES outputs)."""
+    return sum(math.prod(a.shape) for a in response.outputs.values() if a.dtype.kind in "OSU")
 
 
 def _requested(out: Any) -> RequestedOutput:

@@ -99,6 +99,7 @@ import grpc
 import hpack
 from google.protobuf.message import DecodeError
 
+from flowserve.core.errors import ResourceExhausted
 from flowserve.dataplane.guard import SMALL, ByteBudget, ConnectionGuard
 from flowserve.dataplane.inflate import Corrupt, Inflater, OverBudget, TooLarge, finish, inflate_inline
 
@@ -181,6 +182,7 @@ MAX_STATUS_MESSAGE = 4096
 MAX_ECHO = 128
 # bytes a compressed message inflates to on the loop; past this it inflates in a thread
 INFLATE_INLINE = 256 * 1024
+PARSE_INLINE = 1 << 20  # request messages larger than this are parsed in a worker thread
 # seconds a connection that was told to go away may take to read it before it is cut
 CLOSE_GRACE_S = 2.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
@@ -263,7 +265,8 @@ async def _inflate_rest(inflater: Inflater, parse: Callable[[bytes], Any]) -> An
 
 
 class _Later:
-    """A request message still inflating (in a thread): its task gives the parsed message."""
+    """A request message still inflating or parsing (in a thread): its task gives the parsed
+    message."""
 
     __slots__ = ("task",)
 
@@ -1164,8 +1167,10 @@ class Connection(asyncio.Protocol):
                         later, inflater = self._inflate_later(stream, inflater), None
                         return later
                     body = out
+            if len(body) > PARSE_INLINE:
+                return self._parse_later(stream, body)
             return stream.method.parse(body)
-        except (TooLarge, OverBudget) as exc:
+        except ResourceExhausted as exc:  # too large, over budget, too many fields (fields.py)
             self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
             return None
         except (DecodeError, Corrupt) as exc:
@@ -1185,6 +1190,32 @@ class Connection(asyncio.Protocol):
                 return await _inflate_rest(inflater, parse)
             finally:
                 inflater.release()  # (also when cancelled before it began)
+                if held:
+                    budget = self.server.budget
+                    assert budget is not None
+                    budget.give(held)
+
+        task = self.loop.create_task(run())
+        task.add_done_callback(_retrieved)
+        return _Later(task)
+
+    def _parse_later(self, stream: _Stream, body: bytes) -> _Later:
+        """Parse a large message in a thread. protobuf holds the GIL while it parses (tens of
+        nanoseconds a field), so what keeps the loop free is the bound on fields that an
+        inference method's parse checks first, in Python, which lets the GIL go (fields.py);
+        the budget the message holds goes back when it is parsed."""
+        held, stream.held = stream.held, 0
+        parse = stream.method.parse
+
+        async def run() -> Any:
+            try:
+                return await asyncio.to_thread(parse, body)
+            except ResourceExhausted as exc:  # e.g. fields.TooManyFields
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
+            except DecodeError as exc:
+                message = f"Failed to parse the request message: {exc}"
+                raise _Refused(grpc.StatusCode.INTERNAL, message) from None
+            finally:
                 if held:
                     budget = self.server.budget
                     assert budget is not None

@@ -29,6 +29,8 @@ from flowserve.frontends.grpc.codec import (
     ShmTarget,
     decode_request,
     encode_response,
+    encoded_one_by_one,
+    one_by_one,
     params_to_dict,
     shm_targets,
 )
@@ -48,6 +50,9 @@ EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
 _END = object()
 GRPC_ERROR = "triton_grpc_error"  # a stream request header: errors end the stream with their status
+# a request with more elements than this to decode one by one (BYTES, typed contents), or a
+# response with more BYTES elements, is decoded / encoded in a worker thread, off the event loop
+ONE_BY_ONE_IN_THREAD = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +102,25 @@ class InferenceServicer:
             raise InvalidArgument(f"model '{msg.model_name}': {exc.message}") from None
         return request, targets
 
+    async def _decode_off_loop(self, msg: Any) -> tuple[InferRequest, dict[str, ShmTarget] | None]:
+        if one_by_one(msg) > ONE_BY_ONE_IN_THREAD:
+            return await asyncio.to_thread(self._decode, msg)
+        return self._decode(msg)
+
+    async def _encode_off_loop(self, response: Any, targets: dict[str, ShmTarget] | None) -> Any:
+        if encoded_one_by_one(response) > ONE_BY_ONE_IN_THREAD:
+            return await asyncio.to_thread(encode_response, response, self._shm, targets)
+        return encode_response(response, self._shm, targets)
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
-            decoded, targets = self._decode(request)
+            decoded, targets = await self._decode_off_loop(request)
             decoded.peer = peer_host(context)
             if "grpc" in self._plane.header_forward:
                 metadata = context.invocation_metadata() or ()
                 forward_headers(decoded.parameters, metadata, self._plane.header_forward["grpc"])
             response = await self._plane.infer(decoded)
-            return encode_response(response, self._shm, targets)
+            return await self._encode_off_loop(response, targets)
         except Exception as exc:
             code, message = status_of(exc)
             await context.abort(code, message)
@@ -161,12 +176,12 @@ class InferenceServicer:
         """Every response to one stream request into ``out``, then _END (an error: a response
         carrying it, or with ``grpc_error`` a :class:`_Failed` that ends the stream)."""
         try:
-            request, targets = self._decode(msg)
+            request, targets = await self._decode_off_loop(msg)
             request.peer = peer
             final_flag = request.parameters.get(EMPTY_FINAL) is True
             decoupled = final_flag and self._decoupled(request)
             async for response in self._plane.stream(request):
-                encoded = encode_response(response, self._shm, targets)
+                encoded = await self._encode_off_loop(response, targets)
                 if final_flag:
                     encoded.parameters[FINAL].bool_param = not decoupled
                 await out.put(pb.ModelStreamInferResponse(infer_response=encoded))

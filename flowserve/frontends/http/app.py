@@ -70,11 +70,11 @@ from flowserve.frontends.http.errors import HttpStatusError, error_body, http_st
 from flowserve.frontends.http.generate import generate_events, generate_request, generate_response
 from flowserve.frontends.http.infer import (
     TOO_DEEP,
-    decode_request,
-    encode_response,
+    decode_request_off_loop,
+    encode_response_off_loop,
     is_uint,
     parse_json,
-    raw_request,
+    raw_request_off_loop,
 )
 
 log = logging.getLogger("flowserve.http")
@@ -340,10 +340,10 @@ class HttpApp:
         if length is None:
             doc = await self._parse_json(body, "inference request JSON", scope)
             del body  # the tensors decoded from a JSON body are copies
-            request, plan = decode_request(plane, model, version, doc)
+            request, plan = await decode_request_off_loop(plane, model, version, doc)
             del doc
         elif length == 0:
-            request, plan = raw_request(plane, model, version, memoryview(body))
+            request, plan = await raw_request_off_loop(plane, model, version, memoryview(body))
         else:
             if length > len(body):
                 raise InvalidArgument(
@@ -351,12 +351,13 @@ class HttpApp:
                     f"{len(body)} bytes"
                 )
             header = await self._parse_json(body[:length], "inference request JSON header", scope)
-            request, plan = decode_request(plane, model, version, header, memoryview(body)[length:])
+            binary = memoryview(body)[length:]
+            request, plan = await decode_request_off_loop(plane, model, version, header, binary)
         if "http" in plane.header_forward:
             forward_headers(request.parameters, scope["headers"], plane.header_forward["http"])
         request.peer = client_address(scope)
         response = await plane.infer(request)
-        encoded = encode_response(plane, response, plan)
+        encoded = await encode_response_off_loop(plane, response, plan)
         if encoded.blobs:
             extra = [(b"Inference-Header-Content-Length", str(len(encoded.header)).encode())]
             reply = Reply(200, [encoded.header, *encoded.blobs], _OCTET, extra)

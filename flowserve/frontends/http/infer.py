@@ -13,6 +13,9 @@ UTF-8 cannot be a JSON string and is sent as raw bytes instead.
 
 from __future__ import annotations
 
+import asyncio
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -21,18 +24,23 @@ import numpy as np
 from flowserve.core.datatypes import DATATYPES, from_numpy, to_numpy
 from flowserve.core.device import DeviceTensor, tensor_map
 from flowserve.core.errors import InvalidArgument
-from flowserve.core.limits import check_shape
+from flowserve.core.limits import MAX_RANK, Limits, check_bytes_elements, check_shape
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.core.wire import as_bytes, from_list, from_raw, to_raw
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 
 _NO_BINARY = memoryview(b"")
+_LEN = struct.Struct("<I")  # a BYTES element's length prefix
 _HALF_TYPES = frozenset(("FP16", "BF16"))
 _FIXED_SIZE = {name: to_numpy(name) for name in DATATYPES if name != "BYTES"}
 _SEQUENCE_FLAGS = ("sequence_start", "sequence_end")
 _UINT_PARAMETERS = ("priority", "timeout")
 TOO_DEEP = "JSON nested too deeply"
+# a request with more elements than this to decode one by one (BYTES, JSON data), or a response
+# with more to encode one by one, is decoded / encoded in a worker thread, off the event loop
+ONE_BY_ONE_IN_THREAD = 1 << 16
+RAW_IN_THREAD = 1 << 20  # a raw binary request body above this is decoded in a worker thread
 
 
 @dataclass(slots=True)
@@ -109,6 +117,36 @@ def decode_request(
     return request, plan
 
 
+async def decode_request_off_loop(
+    plane: DataPlane,
+    model: str,
+    version: str,
+    header: Any,
+    binary: memoryview = _NO_BINARY,
+) -> tuple[InferRequest, ResponsePlan]:
+    """:func:`decode_request`, in a worker thread when the request has more than
+    ONE_BY_ONE_IN_THREAD elements to decode one by one (the event loop serves others meanwhile)."""
+    if one_by_one(header) > ONE_BY_ONE_IN_THREAD:
+        return await asyncio.to_thread(decode_request, plane, model, version, header, binary)
+    return decode_request(plane, model, version, header, binary)
+
+
+def one_by_one(header: Any) -> int:
+    """The elements a request header declares for BYTES inputs and inputs with JSON ``data``
+    (decoded one by one), as far as its shapes are integers; malformed ones count nothing
+    (decoding refuses them)."""
+    inputs = header.get("inputs") if type(header) is dict else None
+    if type(inputs) is not list:
+        return 0
+    total = 0
+    for item in inputs:
+        if type(item) is dict and (item.get("datatype") == "BYTES" or "data" in item):
+            shape = item.get("shape")
+            if type(shape) is list and len(shape) <= MAX_RANK and all(type(d) is int for d in shape):
+                total += math.prod(shape)
+    return total
+
+
 def _request_parameters(raw: Any, model: str, plan: ResponsePlan) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -153,6 +191,7 @@ def _decode_inputs(
     offset = 0
     size = len(binary)
     limits = plane.limits
+    bytes_elements = 0
     for item in items:
         if type(item) is not dict:
             raise InvalidArgument(f"inference request for model '{model}': each input must be an object")
@@ -168,6 +207,9 @@ def _decode_inputs(
         if type(shape) is not list:
             raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
         count = check_shape(name, shape, limits)
+        if datatype == "BYTES":
+            bytes_elements += count
+            check_bytes_elements(model, name, bytes_elements, limits)
         params = item.get("parameters")
         if params is None:
             byte_size = region = None
@@ -306,7 +348,7 @@ def raw_request(
             )
         known = int(np.prod([d for d in dims if d >= 0]))
         if datatype == "BYTES":
-            count = _count_bytes_elements(name, body)
+            count = _count_bytes_elements(model, name, body, plane.limits)
         else:
             itemsize = to_numpy(datatype).itemsize
             if known == 0 or len(body) % (itemsize * known):
@@ -316,17 +358,33 @@ def raw_request(
                 )
             count = len(body) // itemsize
         dims[variable[0]] = count // known if known else 0
+    if datatype == "BYTES":
+        check_bytes_elements(model, name, check_shape(name, dims, plane.limits), plane.limits)
     tensor = from_raw(name, datatype, dims, body, plane.limits)
     return InferRequest(model, {name: tensor}, version), ResponsePlan(
         default_binary=True, explicit_default=True
     )
 
 
-def _count_bytes_elements(name: str, body: memoryview) -> int:
+async def raw_request_off_loop(
+    plane: DataPlane, model: str, version: str, body: memoryview
+) -> tuple[InferRequest, ResponsePlan]:
+    """:func:`raw_request`, in a worker thread when the body is over RAW_IN_THREAD bytes."""
+    if len(body) > RAW_IN_THREAD:
+        return await asyncio.to_thread(raw_request, plane, model, version, body)
+    return raw_request(plane, model, version, body)
+
+
+def _count_bytes_elements(model: str, name: str, body: memoryview, limits: Limits) -> int:
+    """The BYTES elements in a raw body, counted no further than the per-request limit."""
     count, offset, size = 0, 0, len(body)
+    most = limits.max_bytes_elements_per_request
+    unpack = _LEN.unpack_from
     while offset + 4 <= size:
-        offset += 4 + int.from_bytes(body[offset : offset + 4], "little")
+        offset += 4 + unpack(body, offset)[0]
         count += 1
+        if count > most:
+            check_bytes_elements(model, name, count, limits)
     if offset != size:
         raise InvalidArgument(f"input '{name}': BYTES data has a bad length prefix")
     return count
@@ -350,13 +408,7 @@ def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePla
             plane.shm.write_tensor(target.region, target.offset, target.byte_size, array, name)
             outputs.append(entry)
             continue
-        if spec is not None and spec.binary is not None:
-            binary, explicit = spec.binary, True
-        else:
-            binary, explicit = plan.default_binary, plan.explicit_default
-        if not binary and datatype in _HALF_TYPES and not explicit:
-            binary = True
-        data = None if binary else json_data(array, datatype)
+        data = None if _binary(spec, plan, datatype) else json_data(array, datatype)
         if data is None:
             raw = to_raw(array)
             blobs.append(raw)
@@ -371,6 +423,37 @@ def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePla
         body["parameters"] = response.parameters
     body["outputs"] = outputs
     return EncodedResponse(jsonfmt.dumps(body), blobs)
+
+
+def _binary(spec: OutputSpec | None, plan: ResponsePlan, datatype: str) -> bool:
+    """Whether an output not bound for shared memory is answered as raw bytes (else JSON)."""
+    if spec is not None and spec.binary is not None:
+        return spec.binary
+    if not plan.default_binary and datatype in _HALF_TYPES and not plan.explicit_default:
+        return True
+    return plan.default_binary
+
+
+async def encode_response_off_loop(
+    plane: DataPlane, response: InferResponse, plan: ResponsePlan
+) -> EncodedResponse:
+    """:func:`encode_response`, in a worker thread when the response has more than
+    ONE_BY_ONE_IN_THREAD elements to encode one by one (BYTES outputs, outputs as JSON)."""
+    if _encoded_one_by_one(response, plan) > ONE_BY_ONE_IN_THREAD:
+        return await asyncio.to_thread(encode_response, plane, response, plan)
+    return encode_response(plane, response, plan)
+
+
+def _encoded_one_by_one(response: InferResponse, plan: ResponsePlan) -> int:
+    total = 0
+    specs = plan.outputs
+    for name, value in response.outputs.items():
+        array = value if isinstance(value, np.ndarray | DeviceTensor) else np.asarray(value)
+        datatype = from_numpy(array.dtype)
+        spec = specs.get(name) if specs is not None else None
+        if datatype == "BYTES" or ((spec is None or spec.shm is None) and not _binary(spec, plan, datatype)):
+            total += math.prod(array.shape)
+    return total
 
 
 def json_data(array: np.ndarray, datatype: str) -> list[Any] | None:
