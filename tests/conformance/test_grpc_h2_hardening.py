@@ -522,6 +522,117 @@ async def test_header_bytes_held_by_open_streams_are_bounded(
     assert 5 <= len(refused) <= 14 and refused == sorted(refused) and refused[-1] == 39
 
 
+def _indexed_fields(count: int, path: str = SERVICE + "echo", content_type: bool = True) -> bytes:
+    """A request's header block with ``count`` more fields, each one indexed byte (HPACK's
+    static ":method: GET", 42 bytes decoded): cheap to send, dear to decode in Python."""
+    block = request_headers(path) if content_type else bytes(hpack.Encoder().encode([(":path", path)]))
+    return block + b"\x82" * count
+
+
+async def test_header_blocks_of_many_fields_are_bounded(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hpack_hold: 3,000 header fields took hpack 50 ms to decode, a client sent them block after
+    block. Past MAX_HEADER_FIELDS a call is answered RESOURCE_EXHAUSTED; a block of more than
+    twice that is not decoded at all: the connection ends (GOAWAY ENHANCE_YOUR_CALM)."""
+    server = await start()
+    decoded: list[int] = []
+    decode = http2.decode_headers
+
+    def counting(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        decoded.append(len(block))
+        return decode(decoder, block)
+
+    monkeypatch.setattr(http2, "decode_headers", counting)
+
+    def exchange() -> tuple[dict[str, str], dict[str, str], int | None]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            client.send(
+                frame(HEADERS, 0x4, 1, _indexed_fields(300)) + frame(DATA, 0x1, 1, grpc_message(b"x"))
+            )
+            client.send(frame(HEADERS, 0x4, 3, request_headers(SERVICE + "echo")))
+            client.send(frame(DATA, 0x1, 3, grpc_message(b"ok")))
+            client.until(HEADERS, 3, flags=0x1)
+            refused, ok = trailers(client.frames(), 1), trailers(client.frames(), 3)
+            client.send(frame(HEADERS, 0x5, 5, _indexed_fields(1500)))
+            return refused, ok, client.goaway()
+
+    refused, ok, code = await asyncio.to_thread(exchange)
+    assert refused["grpc-status"] == "8" and "fields" in refused["grpc-message"], refused
+    assert ok["grpc-status"] == "0"
+    assert code == ENHANCE_YOUR_CALM
+    assert len(decoded) == 2  # the block of 1,500 fields was never decoded
+
+
+async def test_streams_answered_from_heavy_headers_end_the_connection(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hpack_hold: a client opening stream after stream that is refused or answered from its
+    headers alone (here: not gRPC, 415), each with hundreds of fields to decode, never got a
+    GOAWAY. Each now costs the reset bucket a token per 8 fields: the connection ends soon, a
+    good client is answered meanwhile."""
+    server = await start()
+    block = _indexed_fields(500, content_type=False)
+
+    def attack() -> int:
+        with RawClient(server.port, timeout=0.5) as client:
+            client.handshake()
+            sid = 1
+            while sid < 8192 and client.send(frame(HEADERS, 0x5, sid, block)):
+                sid += 2
+                client.read(0.001)  # what it has answered so far (its GOAWAY, once it comes)
+                if client.closed or goaway_code(client.frames()) is not None:
+                    break
+            client.wait_closed(3)
+            return sid // 2
+
+    with caplog.at_level(logging.WARNING, logger="flowserve.grpc"):
+        sent, slowest, _ = await under_attack(server, attack)
+    told = [r.getMessage() for r in caplog.records if "GOAWAY ENHANCE_YOUR_CALM" in r.getMessage()]
+    assert told and "too many streams reset" in told[0], told
+    assert sent < 256, sent  # about RESET_BURST / 63 streams, then it was told to go
+    assert slowest < GOOD_LATENCY_S
+
+
+async def test_header_blocks_of_one_connection_cannot_hold_the_loop(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hpack_hold: FRAMES_PER_TURN counted a block of 500 fields (1 ms to decode) as one frame,
+    so 200 of them ran before any other connection had its turn. Header bytes now weigh in:
+    with the reset bucket out of the way, three connections sending such blocks as fast as
+    they can leave a good client answered at once (it waited 3.4 to 4.6 s)."""
+    monkeypatch.setattr(http2, "RESET_BURST", 10**9)
+    server = await start()
+    block = _indexed_fields(500, content_type=False)
+
+    def one(deadline: float) -> None:
+        with RawClient(server.port, timeout=0.5) as client:
+            client.handshake()
+            sid = 1
+            while time.monotonic() < deadline and sid < 2**20:
+                batch = b"".join(frame(HEADERS, 0x5, sid + 2 * i, block) for i in range(50))
+                sid += 100
+                try:
+                    client.sock.sendall(batch)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                client.read(0.001)  # (its 415s, so that the server keeps reading)
+
+    def attack() -> None:
+        deadline = time.monotonic() + 2.5
+        threads = [threading.Thread(target=one, args=(deadline,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    _, slowest, _ = await under_attack(server, attack)
+    assert slowest < GOOD_LATENCY_S
+
+
 # ------------------------------------------------------------------ 6: timeouts, connection cap
 
 

@@ -146,6 +146,10 @@ MAX_HEADER_BLOCK = 64 * 1024  # one request's header block, CONTINUATION frames 
 MAX_CONTINUATIONS = 64  # CONTINUATION frames in one header block (4 carry the largest block)
 MAX_HEADER_LIST = 64 * 1024  # one request's decoded header list (name + value + 32 per field)
 MAX_HEADERS_HELD = 8 * 1024 * 1024  # decoded header bytes held by the open streams of a connection
+# header fields of one request (gRPC's default metadata limit, 8 KiB at 32 bytes a field, allows
+# 256): more is answered RESOURCE_EXHAUSTED, and a block of more than twice that ends the
+# connection before it is decoded (hpack in Python spends 2 to 17 us a field)
+MAX_HEADER_FIELDS = 256
 # bytes of one stream's responses waiting for the peer's window before the servicer waits
 SEND_AHEAD = 4 * 1024 * 1024
 # the same over all streams of a connection: streaming calls wait, new streams are refused
@@ -157,8 +161,15 @@ CONN_SEND_HARD = 256 * 1024 * 1024
 MAX_PENDING_OUT = 1024 * 1024
 # bytes in the transport's buffer, the peer not reading, past which the connection is closed
 MAX_WRITE_BUFFER = 256 * 1024 * 1024
-# frames handled in one go before the loop turns to its other connections
+# frames handled in one go before the loop turns to its other connections; a header frame of
+# more than 64 bytes also counts one per HEADER_BYTES_PER_FRAME of its bytes (decoding them is
+# what costs), so one connection's header blocks cannot hold the loop either
 FRAMES_PER_TURN = 200
+HEADER_BYTES_PER_FRAME = 4
+# a stream refused or answered from its headers alone also costs the reset bucket one token per
+# HEADER_FIELDS_PER_TOKEN fields and per HEADER_BYTES_PER_TOKEN bytes of its header block
+HEADER_FIELDS_PER_TOKEN = 8
+HEADER_BYTES_PER_TOKEN = 1024
 # request bytes read while reading is paused (a TLS transport may still deliver some)
 MAX_STALLED_IN = 4 * 1024 * 1024
 # control frames a connection may send at once, and per second after that
@@ -363,6 +374,53 @@ def header_list_size(headers: list[tuple[bytes, bytes]]) -> int:
     return sum(len(k) + len(v) for k, v in headers) + 32 * len(headers)
 
 
+def _hpack_skip_int(block: bytes, pos: int, mask: int) -> tuple[int, int]:
+    """The HPACK integer at ``pos`` (its prefix ``mask``) and the position after it."""
+    value = block[pos] & mask
+    pos += 1
+    if value == mask:
+        shift = 0
+        while pos < len(block):
+            byte = block[pos]
+            pos += 1
+            value += (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+    return value, pos
+
+
+def header_fields(block: bytes, limit: int) -> int:
+    """How many header fields an HPACK block holds, counting up to ``limit + 1``: a walk over the
+    representations' first bytes and string lengths, nothing decoded or indexed (a malformed
+    block gives what was counted before it goes wrong; hpack then says what is wrong)."""
+    pos = count = 0
+    end = len(block)
+    while pos < end and count <= limit:
+        first = block[pos]
+        if first & 0x80:  # indexed (RFC 7541 6.1)
+            count += 1
+            pos = _hpack_skip_int(block, pos, 0x7F)[1] if first == 0xFF else pos + 1
+            continue
+        if first & 0xE0 == 0x20:  # dynamic table size update (6.3): not a field
+            pos = _hpack_skip_int(block, pos, 0x1F)[1]
+            continue
+        count += 1  # a literal (6.2): an indexed name or a new one, then the value
+        mask = 0x3F if first & 0x40 else 0x0F
+        index = first & mask
+        pos = _hpack_skip_int(block, pos, mask)[1] if index == mask else pos + 1
+        for _ in range(1 if index else 2):  # the strings: a length (7-bit prefix), the bytes
+            if pos >= end:
+                break
+            length = block[pos] & 0x7F
+            if length == 0x7F:
+                length, pos = _hpack_skip_int(block, pos, 0x7F)
+            else:
+                pos += 1
+            pos += length
+    return count
+
+
 def decode_headers(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
     """A request's header fields, and their decoded size (0 when a block of indexed fields is
     known to be under ``MAX_HEADER_LIST`` without counting: its fields are the table's own
@@ -522,8 +580,8 @@ class TokenBucket:
         self.at = 0.0  # when the bucket was last refilled (the loop's clock)
         self.why = why
 
-    def take(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.tokens -= 1
+    def take(self, loop: asyncio.AbstractEventLoop, cost: int = 1) -> None:
+        self.tokens -= cost
         if self.tokens < 0:
             now = loop.time()
             self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
@@ -742,7 +800,9 @@ class Connection(asyncio.Protocol):
                 if self.stalled or self.dead:
                     break
                 count += 1
-                if count == FRAMES_PER_TURN and end - pos >= 9:
+                if length > 64 and ftype in (HEADERS, CONTINUATION):
+                    count += length // HEADER_BYTES_PER_FRAME
+                if count >= FRAMES_PER_TURN and end - pos >= 9:
                     # the loop's other connections first: the rest waits for the next turn
                     self.deferred = True
                     self._set_reading()
@@ -795,9 +855,10 @@ class Connection(asyncio.Protocol):
             return
         self.controls.take(self.loop)
 
-    def _reset_charge(self) -> None:
-        """A stream reset by the client before it ended (or opened past the concurrency)."""
-        self.resets.take(self.loop)
+    def _reset_charge(self, cost: int = 1) -> None:
+        """A stream reset by the client before it ended, or refused or answered from its headers
+        alone (``cost``: more for a larger header block)."""
+        self.resets.take(self.loop, cost)
 
     def _reserve(self, stream: _Stream, size: int) -> bool:
         """Take a message's declared ``size`` from the server's budget; False: refused (answered)."""
@@ -945,6 +1006,11 @@ class Connection(asyncio.Protocol):
             self._header_block(first_flags, sid, bytes(block))
 
     def _header_block(self, flags: int, sid: int, block: bytes) -> None:
+        fields = 0  # counted only where there may be more than MAX_HEADER_FIELDS
+        if len(block) > MAX_HEADER_FIELDS:
+            fields = header_fields(block, 2 * MAX_HEADER_FIELDS)
+            if fields > 2 * MAX_HEADER_FIELDS:  # not decoded: the connection cannot go on
+                raise H2Error(ENHANCE_YOUR_CALM, f"header block of over {2 * MAX_HEADER_FIELDS} fields")
         try:
             headers, size = decode_headers(self.decoder, block)
         except hpack.OversizedHeaderListError:
@@ -962,8 +1028,11 @@ class Connection(asyncio.Protocol):
             return
         if sid % 2 == 0:
             raise H2Error(PROTOCOL_ERROR, f"stream {sid} cannot be opened by a client")
+        # what a stream that comes to nothing costs the reset bucket
+        cost = 1 + len(headers) // HEADER_FIELDS_PER_TOKEN + len(block) // HEADER_BYTES_PER_TOKEN
         if sid <= self.last_sid:
             if sid in self.recent_resets:
+                self._reset_charge(cost)
                 return  # a stream this side reset: frames the client sent before it knew
             raise H2Error(PROTOCOL_ERROR, f"HEADERS on closed stream {sid} (ids only go up)")
         self.last_sid = sid
@@ -977,8 +1046,7 @@ class Connection(asyncio.Protocol):
             or self.out_blocked > CONN_SEND_AHEAD
             or self.header_bytes > MAX_HEADERS_HELD
         ):
-            if not self.closing and len(self.streams) >= MAX_STREAMS:
-                self._reset_charge()  # past the concurrency this side advertised
+            self._reset_charge(cost)  # refused (clients retry): not for free
             self._reset_sid(sid, REFUSED_STREAM)
             return
         path = b""
@@ -995,6 +1063,7 @@ class Connection(asyncio.Protocol):
             elif name == b"grpc-accept-encoding":
                 accept = value
         if not content_type.startswith(b"application/grpc"):
+            self._reset_charge(cost)
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, STATUS_415))
             if not flags & END_STREAM:
                 self._reset_sid(sid, NO_ERROR)
@@ -1010,8 +1079,10 @@ class Connection(asyncio.Protocol):
         if size:
             stream.header_size = size
             self.header_bytes += size
-        refusal = self._refusal(method, path, encoding, stream, size)
+        refusal = self._refusal(method, path, encoding, stream, size, fields)
         if refusal is not None:
+            if refusal[0] is not grpc.StatusCode.UNAVAILABLE:  # a bad call, not a restricted one
+                self._reset_charge(cost)
             # answered at once (trailers only); a request still being sent is reset after it
             stream.remote_closed = bool(flags & END_STREAM)
             self._finish(stream, *refusal)
@@ -1024,11 +1095,14 @@ class Connection(asyncio.Protocol):
             self._remote_end(stream)
 
     def _refusal(
-        self, method: Method | None, path: bytes, encoding: bytes, stream: _Stream, size: int
+        self, method: Method | None, path: bytes, encoding: bytes, stream: _Stream, size: int, fields: int
     ) -> tuple[grpc.StatusCode, str] | None:
         """Why a new call is answered without running it, if it is."""
         if size > MAX_HEADER_LIST:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, f"header list of {size} bytes (max {MAX_HEADER_LIST})"
+        if fields > MAX_HEADER_FIELDS:
+            message = f"header list of {fields} fields (max {MAX_HEADER_FIELDS})"
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, message
         if method is None:
             return grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {_shown(path)}"
         if encoding not in _ENCODINGS:
