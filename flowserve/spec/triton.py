@@ -338,8 +338,12 @@ def within_bounds(config: ModelConfig, source: str, issues: list[SpecIssue]) -> 
 def check_config_override(name: str, config_json: str) -> None:
     """Refuse a load request's config override (ModelConfig JSON) with a number past its bound
     before anything is built from it, in any worker: InvalidArgument naming the model, each
-    field and its bound."""
-    config = parse_config_json(config_json)
+    field and its bound. An override that does not parse is left to the load itself, which
+    answers it as Triton does ("failed to load", logging "Invalid config override")."""
+    try:
+        config = parse_config_json(config_json)
+    except Exception:
+        return
     config.name = config.name or name
     issues: list[SpecIssue] = []
     if not within_bounds(config, f"{name} (config override)", issues):
