@@ -204,6 +204,7 @@ def _check_bounds(args: argparse.Namespace) -> None:
         "http_body_timeout_secs",
         "grpc_handshake_timeout_secs",
         "grpc_idle_timeout_secs",
+        "grpc_body_timeout_secs",
     ):
         if getattr(args, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0 (0: none)")
@@ -340,6 +341,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_body_timeout_s=args.http_body_timeout_secs,
         grpc_handshake_timeout_s=args.grpc_handshake_timeout_secs,
         grpc_idle_timeout_s=args.grpc_idle_timeout_secs,
+        grpc_body_timeout_s=args.grpc_body_timeout_secs,
         http_max_json_bytes=args.http_max_json_bytes,
         max_inflight_requests=args.max_inflight_requests,
         max_inflight_per_model=args.max_inflight_per_model,
@@ -699,7 +701,15 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         type=float,
         default=d.grpc_idle_timeout_s,
         metavar="S",
-        help="a gRPC connection with no open call and no frame this long gets GOAWAY and is closed",
+        help="a gRPC connection with no call this long (keep-alive PINGs do not count) gets GOAWAY and is "
+        "closed",
+    )
+    timeouts.add_argument(
+        "--grpc-body-timeout-secs",
+        type=float,
+        default=d.grpc_body_timeout_s,
+        metavar="S",
+        help="a gRPC call whose request message makes no progress this long ends DEADLINE_EXCEEDED",
     )
     serve.add_argument(
         "--http-max-json-bytes",

@@ -164,6 +164,7 @@ class Server:
                         handshake_timeout_s=opts.grpc_handshake_timeout_s,
                         idle_timeout_s=opts.grpc_idle_timeout_s,
                         reuse_port=shared,
+                        body_timeout_s=opts.grpc_body_timeout_s,
                     ),
                 )
             if opts.metrics_port >= 0:

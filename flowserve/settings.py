@@ -80,6 +80,7 @@ class Settings:
     http_body_timeout_s: float = 30.0
     grpc_handshake_timeout_s: float = 10.0
     grpc_idle_timeout_s: float = 300.0
+    grpc_body_timeout_s: float = 30.0  # a gRPC request message making no progress (as HTTP's body)
     http_max_json_bytes: int | None = None  # None: 32 MiB (frontends/http/app.py)
     max_inflight_requests: int = DEFAULT_MAX_IN_FLIGHT
     max_inflight_per_model: int = DEFAULT_MAX_IN_FLIGHT_PER_MODEL

@@ -12,16 +12,19 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import socket
 import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 import hpack
 import pytest
 
+from flowserve.dataplane import guard as guard_module
 from flowserve.dataplane.guard import ByteBudget, ConnectionGuard
 from flowserve.frontends.grpc import http2
 from flowserve.frontends.grpc.http2 import CallContext, Connection, Http2GrpcServer, Method
@@ -56,6 +59,7 @@ class Echo:
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.cancelled = 0
+        self.spewed = 0
 
     async def echo(self, request: bytes, context: CallContext) -> Blob:
         return Blob(request)
@@ -80,6 +84,14 @@ class Echo:
         await self.release.wait()
         yield Blob(b"done")
 
+    async def spew(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[Blob]:
+        """For each request "COUNT,SIZE", COUNT answers of SIZE bytes (``spewed`` counts them)."""
+        async for request in requests:
+            count, size = (int(part) for part in request.split(b","))
+            for _ in range(count):
+                self.spewed += 1
+                yield Blob(bytes(size))
+
 
 Start = Callable[..., Any]
 
@@ -96,6 +108,7 @@ async def start() -> AsyncIterator[Start]:
         }
         methods[SERVICE + "stream"] = Method(parse=bytes, streaming=echo.stream)
         methods[SERVICE + "hold"] = Method(parse=bytes, streaming=echo.hold)
+        methods[SERVICE + "spew"] = Method(parse=bytes, streaming=echo.spew)
         server = Http2GrpcServer(methods, max_message=max_message, **kwargs)
         server.echo = echo  # type: ignore[attr-defined]
         await server.start("127.0.0.1", 0)
@@ -258,6 +271,79 @@ async def test_responses_held_by_zero_windows_are_bounded(
     assert code in (ENHANCE_YOUR_CALM, None)  # None: refused all along, never past the hard bound
     assert worst < 6 * 1024 * 1024, worst
     assert slowest < GOOD_LATENCY_S
+
+
+ZERO_WINDOW = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE 0
+
+
+async def test_answers_held_for_zero_windows_share_one_server_budget(start: Start) -> None:
+    """zero_window_stream: each connection could hold up to CONN_SEND_HARD of answers its client
+    never opens a window for, and 16 of them held 2.5 GB. The server's budget of unsent bytes
+    now bounds them all together: past it, the connections holding the most are shed (their
+    waiting calls end RESOURCE_EXHAUSTED, then GOAWAY ENHANCE_YOUR_CALM), and the budget goes
+    back to 0 once they are gone; a good client is answered meanwhile."""
+    unsent = ByteBudget(4 * 1024 * 1024, count_small=True)
+    server = await start(unsent=unsent)
+    call = request_headers(SERVICE + "big")
+    worst = [0]
+
+    def one() -> tuple[int | None, list[str]]:
+        with RawClient(server.port, timeout=5) as client:
+            client.handshake(ZERO_WINDOW)
+            for sid in range(1, 33, 2):  # 16 x 300 KB each, none of it readable
+                client.send(frame(HEADERS, 0x4, sid, call) + frame(DATA, 0x1, sid, grpc_message(b"300000")))
+                worst[0] = max(worst[0], unsent.in_use)
+                client.read(0.01)  # (read as it goes: data it never reads could cost it the GOAWAY)
+            code = client.goaway(seconds=2)
+            statuses = [trailers(client.frames(), sid).get("grpc-status", "") for sid in range(1, 33, 2)]
+            return code, statuses
+
+    def attack() -> list[tuple[int | None, list[str]]]:
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(lambda _: one(), range(8)))
+
+    results, slowest, held = await under_attack(server, attack)
+    assert worst[0] <= unsent.limit and held < 8 * 1024 * 1024, (worst[0], held)  # was 8 x 4.8 MB
+    shed = [statuses for code, statuses in results if code == ENHANCE_YOUR_CALM]
+    assert shed and all("8" in statuses for statuses in shed), results
+    assert slowest < GOOD_LATENCY_S
+    for _ in range(100):
+        if unsent.in_use == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert unsent.in_use == 0
+
+
+async def test_a_stream_is_held_back_while_the_budget_is_tight(start: Start) -> None:
+    """A streaming call whose client opens no window stops producing once half the server's
+    budget of unsent bytes is taken (instead of growing to SEND_AHEAD and being shed), and goes
+    on when its client reads."""
+    unsent = ByteBudget(2 * 1024 * 1024, count_small=True)
+    server = await start(unsent=unsent)
+
+    def exchange() -> tuple[int, int, bytes, int]:
+        with RawClient(server.port, timeout=5) as client:
+            client.handshake(ZERO_WINDOW)
+            client.send(
+                frame(HEADERS, 0x4, 1, request_headers(SERVICE + "spew"))
+                + frame(DATA, 0x1, 1, grpc_message(b"400,10000"))
+            )
+            time.sleep(0.5)
+            held, spewed = unsent.in_use, server.echo.spewed  # type: ignore[attr-defined]
+            for _ in range(400):  # the client reads: a window for everything, a bit at a time
+                client.send(frame(WINDOW_UPDATE, 0, 1, (100_000).to_bytes(4, "big")))
+                client.send(frame(WINDOW_UPDATE, 0, 0, (100_000).to_bytes(4, "big")))
+                if client.until(HEADERS, 1, seconds=0.02, flags=0x1):
+                    break
+            client.until(HEADERS, 1, seconds=5, flags=0x1)
+            body = b"".join(f.payload for f in client.frames() if f.type == DATA and f.sid == 1)
+            return held, spewed, trailers(client.frames(), 1).get("grpc-status", "").encode(), len(body)
+
+    held, spewed, status, received = await asyncio.to_thread(exchange)
+    assert unsent.limit // 2 <= held <= unsent.limit // 2 + 20_000, held
+    assert spewed < 200, spewed  # held back at about 100 answers of 10 KB
+    assert status == b"0" and received == 400 * 10_005
+    assert unsent.in_use == 0
 
 
 # ------------------------------------------------------------------ 3: rapid reset, floods
@@ -706,6 +792,111 @@ async def test_connection_cap(start: Start) -> None:
     assert guard.open == 0 and guard.opened == 3
 
 
+class RawClientFrom(RawClient):
+    """A raw connection from another loopback address (Linux routes all of 127/8 to lo): a
+    second peer, as the guard's per-peer cap sees it."""
+
+    def __init__(self, port: int, source: str, timeout: float = 5.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+        self.data = b""
+        self.closed = False
+
+
+def _pinging(
+    port: int, seconds: float, every: float = 0.1, source: str = "127.0.0.1"
+) -> tuple[int | None, float]:
+    """A connection with no call that sends a keep-alive PING every ``every`` seconds for up
+    to ``seconds``: the GOAWAY code it got (None: none, or refused at once) and when."""
+    begin = time.monotonic()
+    with RawClientFrom(port, source) as client:
+        client.handshake()
+        while time.monotonic() - begin < seconds:
+            if not client.send(frame(PING, 0, 0, bytes(8))) or client.until(GOAWAY, seconds=every):
+                break
+            if client.closed:
+                break
+        return goaway_code(client.frames()), time.monotonic() - begin
+
+
+async def test_pings_do_not_hold_off_the_idle_timeout(start: Start) -> None:
+    """One PING every 20 s kept a gRPC connection open for ever (any frame reset the idle
+    timer); a connection with no call now goes after ``idle_timeout_s`` whatever it pings."""
+    server = await start(idle_timeout_s=0.5)
+    code, took = await asyncio.to_thread(_pinging, server.port, 5.0)
+    assert code == NO_ERROR and 0.4 <= took < 2.0, (code, took)
+
+
+async def test_a_full_listener_evicts_its_idlest_connection(
+    start: Start, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """4,200 idle sockets, each a PING every 20 s, locked new clients out of a full listener.
+    A connection with no call for EVICT_AFTER_S now gives its slot to a new one (GOAWAY NO_ERROR,
+    the idlest first, PINGs or not); one with a call in progress never does."""
+    monkeypatch.setattr(guard_module, "EVICT_AFTER_S", 0.3)
+    guard = ConnectionGuard("grpc", limit=3)
+    server = await start(guard=guard)
+
+    def exchange() -> tuple[list[int | None], str, bool, float]:
+        with RawClient(server.port) as busy:
+            busy.handshake()
+            busy.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "slow")))  # a call, never ends
+            with ThreadPoolExecutor(2) as pool:
+                idle = [pool.submit(_pinging, server.port, 4.0) for _ in range(2)]
+                time.sleep(0.6)  # all three are in; the two idle ones for longer than EVICT_AFTER_S
+                fields, _, took = unary(server.port, SERVICE + "echo", b"new")  # evicts one
+                for _ in range(100):  # its connection closed: busy and one idle left
+                    if guard.open == 2:
+                        break
+                    time.sleep(0.01)
+                with RawClient(server.port) as late, RawClient(server.port) as later:
+                    late.handshake()  # the slot the call above left
+                    assert late.until(SETTINGS, seconds=2)
+                    later.handshake()  # evicts the other idle one
+                    assert later.until(SETTINGS, seconds=2)
+                    codes = sorted((f.result()[0] for f in idle), key=str)
+                    with RawClient(server.port) as refused:  # busy is busy, the others new: no room
+                        shut = refused.wait_closed(2) and not refused.frames()
+            return codes, fields.get("grpc-status", ""), shut, took
+
+    with caplog.at_level(logging.INFO, logger="flowserve.grpc"):
+        codes, status, refused, took = await asyncio.to_thread(exchange)
+    assert codes == [NO_ERROR, NO_ERROR] and status == "0" and took < GOOD_LATENCY_S
+    assert refused and guard.evicted == 2 and guard.refused == 1
+    assert [r for r in caplog.records if "evicted" in r.getMessage()]
+    server.echo.release.set()  # type: ignore[attr-defined]
+
+
+async def test_a_peer_at_its_cap_evicts_only_its_own(start: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection guard's per-peer cap: a third connection from 127.0.0.2 (cap 2) evicts
+    that peer's idlest one, never another peer's; with both of its own busy it is refused."""
+    monkeypatch.setattr(guard_module, "EVICT_AFTER_S", 0.3)
+    guard = ConnectionGuard("grpc", limit=10, per_peer=2)
+    server = await start(guard=guard)
+
+    def exchange() -> tuple[list[int | None], int | None, bool]:
+        with ThreadPoolExecutor(3) as pool:
+            other = pool.submit(_pinging, server.port, 2.0)  # 127.0.0.1, idle the longest
+            time.sleep(0.1)
+            mine = [pool.submit(_pinging, server.port, 2.0, 0.1, "127.0.0.2") for _ in range(2)]
+            time.sleep(0.6)
+            with RawClientFrom(server.port, "127.0.0.2") as third:
+                third.handshake()
+                assert third.until(SETTINGS, seconds=2)
+                third.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "slow")))
+                codes = sorted((f.result()[0] for f in mine), key=str)
+                with RawClientFrom(server.port, "127.0.0.2") as fourth:
+                    fourth.handshake()
+                    fourth.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "slow")))
+                    time.sleep(0.5)  # both of 127.0.0.2's busy now
+                    with RawClientFrom(server.port, "127.0.0.2") as fifth:
+                        shut = fifth.wait_closed(2) and not fifth.frames()
+            return codes, other.result()[0], shut
+
+    codes, others, shut = await asyncio.to_thread(exchange)
+    assert codes == [NO_ERROR, None] and others is None and shut, (codes, others, shut)
+    server.echo.release.set()  # type: ignore[attr-defined]
+
+
 def test_tls_handshake_timeout_is_passed_to_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     import ssl
 
@@ -806,6 +997,51 @@ async def test_the_byte_budget_refuses_and_is_given_back(start: Start) -> None:
             break
         await asyncio.sleep(0.02)
     assert budget.in_use == 0
+
+
+async def test_a_request_message_that_stops_arriving_is_timed_out(start: Start) -> None:
+    """A call that sent its headers and no body was held for ever (its stream, its header
+    bytes, and for a large declared message its share of the byte budget). A request message
+    that makes no progress for ``body_timeout_s`` now ends DEADLINE_EXCEEDED (then RST_STREAM:
+    the client need not send on) and what it held goes back; a message arriving slowly but
+    steadily, and a streaming call idle between messages, go on."""
+    budget = ByteBudget(limit=1024 * 1024)
+    server = await start(budget=budget, body_timeout_s=0.4)
+    declare = b"\x00" + (700 * 1024).to_bytes(4, "big") + bytes(1000)
+
+    def exchange() -> tuple[dict[int, dict[str, str]], dict[int, float], list[int], int, int]:
+        with RawClient(server.port) as client:
+            client.handshake()
+            begin = time.monotonic()
+            client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")))  # no body, ever
+            client.send(
+                frame(HEADERS, 0x4, 3, request_headers(SERVICE + "echo")) + frame(DATA, 0, 3, declare)
+            )
+            client.send(frame(HEADERS, 0x4, 5, request_headers(SERVICE + "stream")))
+            client.send(frame(DATA, 0, 5, grpc_message(b"one")))  # then nothing: between messages
+            client.send(frame(HEADERS, 0x4, 7, request_headers(SERVICE + "echo")))
+            message = grpc_message(b"slow but steady")
+            ended: dict[int, float] = {}
+            held = 0
+            for i, byte in enumerate(message):  # a byte every 0.1 s: 2 s in all
+                client.send(frame(DATA, 0x1 if i == len(message) - 1 else 0, 7, bytes([byte])))
+                client.read(0.1)
+                held = max(held, budget.in_use)
+                for sid in (1, 3):
+                    if sid not in ended and trailers(client.frames(), sid).get("grpc-status"):
+                        ended[sid] = time.monotonic() - begin
+            client.until(HEADERS, 7, flags=0x1, seconds=3)
+            fields = {sid: trailers(client.frames(), sid) for sid in (1, 3, 5, 7)}
+            return fields, ended, rst_codes(client.frames(), 1), held, budget.in_use
+
+    fields, ended, resets, held, after = await asyncio.to_thread(exchange)
+    for sid in (1, 3):
+        assert fields[sid]["grpc-status"] == "4" and "no progress" in fields[sid]["grpc-message"], fields
+        assert 0.3 <= ended[sid] < 1.5, ended
+    assert resets == [NO_ERROR]
+    assert held == 700 * 1024 and after == 0  # the declared message's budget went back
+    assert "grpc-status" not in fields[5]  # the stream idle between messages is still open
+    assert fields[7]["grpc-status"] == "0"
 
 
 # ------------------------------------------------------------------ 8: grpc-timeout, exceptions

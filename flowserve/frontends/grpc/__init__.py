@@ -30,6 +30,7 @@ from flowserve.frontends.grpc.errors import STATUS, status_of
 from flowserve.frontends.grpc.fields import guard_inference
 from flowserve.frontends.grpc.http2 import (
     COMPRESSION_LEVELS,
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     Http2GrpcServer,
@@ -97,6 +98,7 @@ async def start_grpc(
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     reuse_port: bool = False,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> GrpcListener:
     """Serve ``plane`` on ``host:port`` (port 0: any free port; see ``listener.port``);
     ``restrictions``: rpc categories that need a header (``--grpc-restricted-protocol``);
@@ -105,10 +107,13 @@ async def start_grpc(
     ``--grpc-infer-response-compression-level`` (none, low, medium, high): inference responses
     are compressed with gzip or deflate as the client accepts (grpcio: gzip at its own level,
     for every rpc); ``handshake_timeout_s``: a connection's TLS handshake, HTTP/2 preface and
-    first SETTINGS must be done within it; ``idle_timeout_s``: a connection with no call and no
-    frame for that long is closed (both: the native transport; 0: no timeout). The native
-    transport also takes the plane's connection cap (``plane.guards.listener("grpc")``) and
-    buffered-request budget (``plane.guards.budget``)."""
+    first SETTINGS must be done within it; ``idle_timeout_s``: a connection with no call for
+    that long is closed (PINGs do not count); ``body_timeout_s``: a call whose request message
+    makes no progress for that long ends DEADLINE_EXCEEDED (all three: the native transport; 0:
+    no timeout; grpcio closes idle connections itself). The native
+    transport also takes the plane's connection cap (``plane.guards.listener("grpc")``), its
+    buffered-request budget (``plane.guards.budget``) and its budget of response bytes waiting
+    for clients (``plane.guards.unsent``, ``--max-unsent-response-bytes``)."""
     if response_compression not in COMPRESSION_LEVELS:
         raise ValueError(
             f"unknown response compression level '{response_compression}' "
@@ -117,8 +122,9 @@ async def start_grpc(
     if server == "native":
         compression = ResponseCompression(COMPRESSION_LEVELS[response_compression], INFER_METHODS)
         return await _start_native(
-            plane, host, port, restrictions, tls, compression, handshake_timeout_s, idle_timeout_s, reuse_port
-        )
+            plane, host, port, restrictions, tls, compression, handshake_timeout_s, idle_timeout_s,
+            reuse_port, body_timeout_s,
+        )  # fmt: skip
     if server != "grpcio":
         raise ValueError(f"unknown gRPC server '{server}' (choose from {', '.join(GRPC_SERVERS)})")
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
@@ -154,6 +160,7 @@ async def _start_native(
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     reuse_port: bool = False,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> GrpcListener:
     gate = None
     if restrictions:
@@ -172,8 +179,10 @@ async def _start_native(
         compression,
         guard=plane.guards.listener("grpc"),
         budget=plane.guards.budget,
+        unsent=plane.guards.unsent,
         handshake_timeout_s=handshake_timeout_s,
         idle_timeout_s=idle_timeout_s,
+        body_timeout_s=body_timeout_s,
     )
     try:
         bound = await native.start(host, port, tls.ssl_context() if tls is not None else None, reuse_port)

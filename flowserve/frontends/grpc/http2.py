@@ -198,6 +198,7 @@ PARSE_INLINE = 1 << 20  # request messages larger than this are parsed in a work
 CLOSE_GRACE_S = 2.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # as HTTP's --http-body-timeout-secs
 
 # grpc-encoding -> zlib's wbits (None: the message is not compressed)
 _ENCODINGS: dict[bytes, int | None] = {
@@ -511,9 +512,9 @@ _EOF = _Eof()
 
 class _Stream:
     __slots__ = (
-        "context", "data", "declared", "drained", "encoding", "header_size", "headers_sent", "held",
-        "method", "out", "queue", "queued", "remote_closed", "reply_encoding", "send_window", "sid",
-        "sizes", "task", "trailers", "unacked",
+        "charged", "context", "data", "declared", "drained", "encoding", "header_size", "headers_sent",
+        "held", "method", "out", "queue", "queued", "remote_closed", "reply_encoding", "send_window",
+        "sid", "sizes", "stamp", "task", "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
@@ -539,6 +540,8 @@ class _Stream:
         self.declared = -1  # a unary request's size from its prefix (-1: not seen yet)
         self.held = 0  # bytes of the message being received taken from the server's ByteBudget
         self.header_size = 0  # decoded header bytes counted against MAX_HEADERS_HELD
+        self.charged = 0  # bytes of ``out`` taken from the server's budget of unsent bytes
+        self.stamp = 0  # the server's body tick when its request last made progress (or it opened)
 
 
 class LimitedLog:
@@ -632,7 +635,9 @@ class Connection(asyncio.Protocol):
         self.dead = False  # a connection error was sent: nothing more is read
         self.idle: asyncio.Future[None] | None = None
         self.admitted = False  # holds a slot of the server's ConnectionGuard
-        self.active = False  # a frame arrived since the idle timer last looked
+        # (the loop's clock) when it last had a call: opened, or the last one ended; frames that
+        # carry no call (PING, WINDOW_UPDATE, SETTINGS...) do not count (see idle_since)
+        self.idle_at = 0.0
         self.handshake_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.controls = TokenBucket(CONTROL_BURST, CONTROL_RATE, "too many control frames")
@@ -645,6 +650,10 @@ class Connection(asyncio.Protocol):
         self.free = 0
         self.settings_unacked = 0
         self.peer = "?"  # the client's address, for the log
+        # bytes taken from the server's budget of unsent response bytes (Http2GrpcServer.unsent):
+        # by the streams' queues waiting for windows, and by the transport's buffer while the
+        # peer does not read it
+        self.unsent_held = self.socket_held = 0
         self.recent_resets = [0] * RECENT_RESETS  # stream ids this side reset, a ring
         self.recent_pos = 0
 
@@ -655,8 +664,9 @@ class Connection(asyncio.Protocol):
         peername = self.transport.get_extra_info("peername")
         if isinstance(peername, tuple) and len(peername) >= 2:
             self.peer = f"{peername[0]}:{peername[1]}"
+        self.idle_at = self.loop.time()
         guard = self.server.guard
-        if guard is not None and not guard.admit():
+        if guard is not None and not guard.admit(self, peername[0] if isinstance(peername, tuple) else None):
             self.transport.abort()  # counted and logged by the guard
             return
         self.admitted = guard is not None
@@ -691,7 +701,7 @@ class Connection(asyncio.Protocol):
             self.admitted = False
             guard = self.server.guard
             assert guard is not None
-            guard.release()
+            guard.release(self)  # (nothing when it was evicted)
         for timer in (self.handshake_timer, self.idle_timer):
             if timer is not None:
                 timer.cancel()
@@ -701,7 +711,10 @@ class Connection(asyncio.Protocol):
                 stream.task.cancel()
             if stream.held:
                 self._give(stream)
+            if stream.charged:
+                self._uncharge(stream)
             self._wake(stream)
+        self._socket_charge(0)
         self.streams.clear()
         self.blocked.clear()
         self.out_blocked = self.header_bytes = 0
@@ -721,6 +734,8 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.paused is not None and not self.paused.done():
             self.paused.set_result(None)
+        if self.socket_held:
+            self._socket_charge(0)  # the peer read (the buffer is under its low-water mark)
         if self.stalled:
             self.stalled = False
             self._set_reading()
@@ -747,7 +762,6 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.dead:
             return
-        self.active = True
         buf = self.buf
         buf += data
         if self.stalled or self.deferred:  # a TLS transport may deliver what it had decrypted
@@ -827,14 +841,43 @@ class Connection(asyncio.Protocol):
             self._abort_connection(PROTOCOL_ERROR, "no connection preface and SETTINGS in time")
 
     def _idle_check(self) -> None:
+        """No call for ``idle_timeout_s`` (keep-alive PINGs do not count): GOAWAY NO_ERROR."""
         self.idle_timer = None
         if self.dead or self.transport is None:
             return
-        if self.active or self.streams:
-            self.active = False
-            self.idle_timer = self.loop.call_later(self.server.idle_timeout_s, self._idle_check)
+        timeout = self.server.idle_timeout_s
+        left = timeout if self.streams else self.idle_at + timeout - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_check)
             return
-        self._abort_connection(NO_ERROR, f"idle for {self.server.idle_timeout_s:g} s")
+        self._abort_connection(NO_ERROR, f"no call for {timeout:g} s")
+
+    def expire_bodies(self, tick: int) -> None:
+        """End the calls whose request message made no progress since body tick ``tick - 3``
+        (between 1 and 1.5 body timeouts): a unary call still waiting for its message (or its
+        end), a streaming call with a message begun and not finished (one waiting between
+        messages is not waiting for a body). DEADLINE_EXCEEDED, and what they held goes back."""
+        for stream in list(self.streams.values()):
+            if tick - stream.stamp < 3 or stream.remote_closed or stream.trailers is not None:
+                continue
+            waiting = stream.task is None if stream.queue is None else bool(stream.data)
+            if waiting:
+                timeout = self.server.body_timeout_s
+                message = f"the request message made no progress for {timeout:g} s (--grpc-body-timeout-secs)"
+                self._finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+    # ---------------------------------------------------------------- eviction (guard.Tracked)
+
+    def idle_since(self) -> float | None:
+        """When (the loop's clock, which is the guard's ``time.monotonic``) this connection last
+        had a call; None while one is open (it is never evicted then)."""
+        return None if self.streams else self.idle_at
+
+    def evict(self) -> None:
+        """Make room for a new connection (the guard chose this one, idle the longest): GOAWAY
+        NO_ERROR (clients reconnect when they have a call to make), then close."""
+        self.admitted = False  # the guard already took its slot back
+        self._abort_connection(NO_ERROR, "evicted: the listener was full, and it idle the longest")
 
     # ---------------------------------------------------------------- budgets
 
@@ -876,6 +919,76 @@ class Connection(asyncio.Protocol):
         if budget is not None:
             budget.give(stream.held)
         stream.held = 0
+
+    def held_unsent(self) -> int:
+        """Bytes of the server's budget of unsent response bytes this connection holds."""
+        return self.unsent_held + self.socket_held
+
+    def _charge(self, stream: _Stream) -> bool:
+        """Take from (or give back to) the server's budget of unsent response bytes what a
+        stream's queue grew (or shrank) by. When it does not fit, the connections holding the
+        most are shed (``Http2GrpcServer.shed``, this one included when it is the largest);
+        when it still does not fit, the call ends RESOURCE_EXHAUSTED. False: the stream (or
+        this connection) was ended."""
+        budget = self.server.unsent
+        if budget is None:
+            return True
+        more = len(stream.out) - stream.charged
+        if more > 0 and not budget.take(more):
+            if not self.server.shed(more) or self.dead or stream.sid not in self.streams:
+                if not self.dead and stream.sid in self.streams:
+                    self._end_unsent(stream, self.server.unsent_refusal(more))
+                return False
+            if not budget.take(more):  # pragma: no cover - shed() made room for it
+                return False
+        elif more < 0:
+            budget.give(-more)
+        stream.charged += more
+        self.unsent_held += more
+        return True
+
+    def _end_unsent(self, stream: _Stream, why: str) -> None:
+        """End a call whose answers wait for its client now, RESOURCE_EXHAUSTED: what it had
+        queued is dropped (its trailers, even OK ones, were waiting behind it)."""
+        self._unqueue(stream)
+        stream.trailers = None
+        self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
+    def _uncharge(self, stream: _Stream) -> None:
+        """A stream's queue is empty (sent, or forgotten): its share of the budget goes back."""
+        budget = self.server.unsent
+        if budget is not None:
+            budget.give(stream.charged)
+        self.unsent_held -= stream.charged
+        stream.charged = 0
+
+    def _socket_charge(self, size: int) -> bool:
+        """The transport's buffer holds ``size`` bytes the peer has not read: the budget of unsent
+        bytes holds as much for it (shedding as ``_charge`` does); False: it does not fit, and
+        this connection is ended."""
+        budget = self.server.unsent
+        more = size - self.socket_held
+        if budget is None or not more:
+            return True
+        if more > 0 and not budget.take(more):
+            if not self.server.shed(more) or self.dead or not budget.take(more):
+                if not self.dead:
+                    self._abort_connection(ENHANCE_YOUR_CALM, self.server.unsent_refusal(more))
+                return False
+        elif more < 0:
+            budget.give(-more)
+        self.socket_held = size
+        return True
+
+    def shed(self, why: str) -> None:
+        """End this connection to give back what it holds of the budget of unsent bytes: the
+        calls whose answers wait for the peer's windows end RESOURCE_EXHAUSTED (trailers need
+        no window), then GOAWAY ENHANCE_YOUR_CALM and close."""
+        for stream in list(self.blocked.values()):
+            if stream.sid in self.streams:
+                self._end_unsent(stream, why)
+        self._abort_connection(ENHANCE_YOUR_CALM, why)
+        self._socket_charge(0)  # closed: its buffer goes when the transport does
 
     # ---------------------------------------------------------------- frames in
 
@@ -1076,6 +1189,7 @@ class Connection(asyncio.Protocol):
         if compression is not None:
             stream.reply_encoding = compression.encoding_for(path, accept)
         self.streams[sid] = stream
+        stream.stamp = self.server.tick
         if size:
             stream.header_size = size
             self.header_bytes += size
@@ -1142,6 +1256,8 @@ class Connection(asyncio.Protocol):
         elif not size and not flags & END_STREAM:
             self._control()
         stream.data += payload
+        if payload:
+            stream.stamp = self.server.tick  # progress (see Http2GrpcServer.body_timeout_s)
         self.buffered += len(payload)
         self._ack_connection()
         stream.unacked += size
@@ -1397,6 +1513,7 @@ class Connection(asyncio.Protocol):
                         len(stream.out) > SEND_AHEAD
                         or self.out_blocked > CONN_SEND_AHEAD
                         or (self.paused is not None and not self.paused.done())
+                        or (stream.charged and self.server.unsent_tight())
                     ):
                         await self._drain(stream)
             self._finish(stream, context.code, context.details)  # OK unless set_code said otherwise
@@ -1440,7 +1557,7 @@ class Connection(asyncio.Protocol):
 
     async def _drain(self, stream: _Stream) -> None:
         while stream.sid in self.streams:
-            if len(stream.out) > SEND_AHEAD:
+            if len(stream.out) > SEND_AHEAD or (stream.out and self.server.unsent_tight()):
                 stream.drained = self.loop.create_future()
                 await stream.drained
             elif self.out_blocked > CONN_SEND_AHEAD:
@@ -1515,12 +1632,16 @@ class Connection(asyncio.Protocol):
                 self._write(b"".join(chunks))
             if out:
                 self.blocked[stream.sid] = stream
+                if len(out) != stream.charged and not self._charge(stream):
+                    return  # answered RESOURCE_EXHAUSTED, or the connection was ended
                 if self.out_blocked > CONN_SEND_HARD and len(self.blocked) > 1:
                     self._abort_connection(
                         ENHANCE_YOUR_CALM, f"over {CONN_SEND_HARD} response bytes wait for the peer's windows"
                     )
                 return
             self.blocked.pop(stream.sid, None)
+            if stream.charged:
+                self._uncharge(stream)
             self._wake(stream)
         if stream.trailers is not None:
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.sid, stream.trailers))
@@ -1530,6 +1651,8 @@ class Connection(asyncio.Protocol):
         """Forget the responses a stream had waiting to be sent."""
         self.out_blocked -= len(stream.out)
         stream.out.clear()
+        if stream.charged:
+            self._uncharge(stream)
         if self.unblocked is not None:
             self._less_blocked()
 
@@ -1567,6 +1690,8 @@ class Connection(asyncio.Protocol):
         if stream.queued:
             self._take_data(stream.queued)
             stream.queued = 0
+        if not self.streams:
+            self.idle_at = self.loop.time()
         self._maybe_idle()
 
     def _wake(self, stream: _Stream) -> None:
@@ -1663,10 +1788,16 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self.pending and transport is not None and not transport.is_closing():
             transport.write(b"".join(self.pending))
-            if self.stalled and transport.get_write_buffer_size() > MAX_WRITE_BUFFER and not self.dead:
+            if self.stalled and not self.dead:
+                size = transport.get_write_buffer_size()
+                if size > MAX_WRITE_BUFFER:
+                    self.pending.clear()
+                    self.pending_size = 0
+                    self._abort_connection(ENHANCE_YOUR_CALM, "the peer does not read")
+                    return
                 self.pending.clear()
                 self.pending_size = 0
-                self._abort_connection(ENHANCE_YOUR_CALM, "the peer does not read")
+                self._socket_charge(size)
                 return
         self.pending.clear()
         self.pending_size = 0
@@ -1733,9 +1864,13 @@ class Http2GrpcServer:
     before it runs (restricted protocols); ``max_message``: largest request message;
     ``compression``: compress responses (Triton's ``--grpc-infer-response-compression-level``);
     ``guard``: the listener's connection cap; ``budget``: the server's budget of buffered request
-    bytes; ``handshake_timeout_s``: the TLS handshake, the connection preface and the client's
-    first SETTINGS must be done within it; ``idle_timeout_s``: a connection with no open stream
-    and no frame for that long is closed (0 for either: no timeout)."""
+    bytes; ``unsent``: its budget of response bytes waiting for clients (flow-control windows,
+    the socket; see :meth:`shed`); ``body_timeout_s``: a call whose request message makes no
+    progress for that long ends DEADLINE_EXCEEDED (:meth:`Connection.expire_bodies`);
+    ``handshake_timeout_s``: the TLS handshake, the connection
+    preface and the client's first SETTINGS must be done within it; ``idle_timeout_s``: a
+    connection with no open stream and no frame for that long is closed (0 for either: no
+    timeout)."""
 
     def __init__(
         self,
@@ -1746,10 +1881,12 @@ class Http2GrpcServer:
         *,
         guard: ConnectionGuard | None = None,
         budget: ByteBudget | None = None,
+        unsent: ByteBudget | None = None,
         handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
-        if handshake_timeout_s < 0 or idle_timeout_s < 0:
+        if handshake_timeout_s < 0 or idle_timeout_s < 0 or body_timeout_s < 0:
             raise ValueError("timeouts must be >= 0 (0: none)")
         self.methods = {path.encode("latin-1"): m for path, m in methods.items()}
         self.max_message = max_message
@@ -1757,12 +1894,54 @@ class Http2GrpcServer:
         self.compression = compression if compression is not None and compression.level > 0 else None
         self.guard = guard
         self.budget = budget
+        self.unsent = unsent
+        self.shedding = False
         self.handshake_timeout_s = handshake_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.body_timeout_s = body_timeout_s
+        # body ticks: one every body_timeout_s / 2; a stream stamps the tick of its last progress
+        self.tick = 0
+        self.body_timer: asyncio.TimerHandle | None = None
         self.connections: set[Connection] = set()
         self.notes = LimitedLog()  # connection ends (GOAWAY), at most once a second
         self.server: asyncio.Server | None = None
         self.port = 0
+
+    def unsent_tight(self) -> bool:
+        """Over half the budget of unsent response bytes is taken: streaming calls whose answers
+        wait for their client produce no more until they are sent."""
+        unsent = self.unsent
+        return unsent is not None and unsent.limit > 0 and unsent.in_use * 2 > unsent.limit
+
+    def unsent_refusal(self, size: int) -> str:
+        unsent = self.unsent
+        assert unsent is not None
+        return (
+            f"{size} more response bytes waiting for their client do not fit beside the {unsent.in_use} "
+            f"held for other clients (--max-unsent-response-bytes {unsent.limit}); retry later"
+        )
+
+    def shed(self, need: int) -> bool:
+        """Make room in the budget of unsent response bytes for ``need`` more: the connections
+        holding the most of it are ended (:meth:`Connection.shed`), largest first, until it
+        fits. True when it fits; False when it cannot (``need`` alone is over the budget)."""
+        unsent = self.unsent
+        if unsent is None or not unsent.limit or need > unsent.limit or self.shedding:
+            return False
+        self.shedding = True  # what shedding writes may need room too: it is not shed again
+        try:
+            holders = [c for c in self.connections if not c.dead and c.held_unsent()]
+            holders.sort(key=Connection.held_unsent, reverse=True)
+            for conn in holders:
+                if unsent.in_use + need <= unsent.limit:
+                    break
+                conn.shed(
+                    f"the server's budget of unsent response bytes is spent (--max-unsent-response-bytes "
+                    f"{unsent.limit}); this connection held {conn.held_unsent()} bytes, the most"
+                )
+        finally:
+            self.shedding = False
+        return unsent.in_use + need <= unsent.limit
 
     @property
     def max_buffered(self) -> int:
@@ -1786,13 +1965,26 @@ class Http2GrpcServer:
             ssl_handshake_timeout=(self.handshake_timeout_s or None) if tls is not None else None,
         )
         self.port = int(self.server.sockets[0].getsockname()[1])
+        if self.body_timeout_s:
+            self.body_timer = loop.call_later(self.body_timeout_s / 2, self._body_tick)
         return self.port
+
+    def _body_tick(self) -> None:
+        """Every half body timeout: a tick, and the calls stuck on their request end."""
+        self.tick += 1
+        for conn in list(self.connections):
+            if conn.streams and not conn.dead:
+                conn.expire_bodies(self.tick)
+        self.body_timer = asyncio.get_running_loop().call_later(self.body_timeout_s / 2, self._body_tick)
 
     async def stop(self, grace_s: float | None) -> None:
         """Stop accepting; GOAWAY to every connection; calls in flight may finish for up to
         ``grace_s`` seconds, then the connections close."""
         if self.server is not None:
             self.server.close()
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
         connections = list(self.connections)
         for conn in connections:
             conn.go_away()
