@@ -330,11 +330,10 @@ class HttpApp:
 
     async def _infer(self, model: str, version: str, scope: Scope, receive: Receive) -> Reply:
         headers = read_headers(scope)
-        if headers.header_length is None:
-            self._check_json_length(headers, "inference request JSON")
-        body = await self._body(headers, receive, scope)
+        json_only = headers.header_length is None
+        body = await self._body(headers, receive, scope, "inference request JSON" if json_only else None)
         if headers.content_encoding and headers.content_encoding != "identity":
-            body = await self._inflate(body, headers.content_encoding, scope)
+            body = await self._inflate(body, headers.content_encoding, scope, json_only)
         plane = self.plane
         length = headers.header_length
         if length is None:
