@@ -856,11 +856,17 @@ class Connection(asyncio.Protocol):
         """End the calls whose request message made no progress since body tick ``tick - 3``
         (between 1 and 1.5 body timeouts): a unary call still waiting for its message (or its
         end), a streaming call with a message begun and not finished (one waiting between
-        messages is not waiting for a body). DEADLINE_EXCEEDED, and what they held goes back."""
+        messages is not waiting for a body). DEADLINE_EXCEEDED, and what they held goes back.
+        Not while this side holds the client back (a window withheld: its reader lags)."""
+        if self.buffered >= self.server.max_buffered:
+            return
         for stream in list(self.streams.values()):
             if tick - stream.stamp < 3 or stream.remote_closed or stream.trailers is not None:
                 continue
-            waiting = stream.task is None if stream.queue is None else bool(stream.data)
+            if stream.queue is None:
+                waiting = stream.task is None
+            else:
+                waiting = bool(stream.data) and self._reader_keeps_up(stream)
             if waiting:
                 timeout = self.server.body_timeout_s
                 message = f"the request message made no progress for {timeout:g} s (--grpc-body-timeout-secs)"
