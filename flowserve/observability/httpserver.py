@@ -9,7 +9,9 @@ Bounds, so that no client can hold the port (or the process's file descriptors):
 is at most ``MAX_HEAD`` bytes (431 beyond) and must arrive whole within ``idle_timeout_s`` of
 the connection opening or its last answer (else the connection closes), a body within
 ``body_timeout_s`` (else 408 and close); ``guard`` (the plane's ``guards.listener("metrics")``)
-caps open connections: one past it is closed at once, counted and logged by the guard.
+caps open connections, and those of one client address: when full, the connection idle the
+longest (waiting for a request head for ``guard.EVICT_AFTER_S`` or more) is evicted (closed) to
+make room, and with none idle the new one is closed at once; the guard counts and logs both.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote
@@ -54,6 +57,24 @@ class _BadRequest(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
         self.status = status
+
+
+class _Tracked:
+    """One connection as the listener's guard sees it (:class:`~flowserve.dataplane.guard.Tracked`):
+    idle since its last answer (or since it opened) while it waits for a request head."""
+
+    __slots__ = ("busy", "since", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, now: float) -> None:
+        self.writer = writer
+        self.since = now
+        self.busy = False
+
+    def idle_since(self) -> float | None:
+        return None if self.busy else self.since
+
+    def evict(self) -> None:
+        self.writer.transport.abort()  # its task sees the end of the stream and ends
 
 
 class AsgiListener:
@@ -104,14 +125,16 @@ class AsgiListener:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         guard = self.guard
-        if guard is not None and not guard.admit():  # full: closed at once, nothing read
+        peer = writer.get_extra_info("peername")
+        tracked = _Tracked(writer, time.monotonic())
+        address = str(peer[0]) if isinstance(peer, tuple) else None
+        if guard is not None and not guard.admit(tracked, address):  # full: closed, nothing read
             writer.transport.abort()
             return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         try:
-            peer = writer.get_extra_info("peername")
             sock = writer.get_extra_info("sockname")
             while True:
                 try:
@@ -123,10 +146,13 @@ class AsgiListener:
                 except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 self._busy.add(task)
+                tracked.busy = True
                 try:
                     keep = await self._request(head, reader, writer, peer, sock)
                 finally:
                     self._busy.discard(task)
+                    tracked.busy = False
+                    tracked.since = time.monotonic()
                 if not keep:
                     return
         except (ConnectionError, asyncio.CancelledError):
@@ -134,7 +160,7 @@ class AsgiListener:
         finally:
             self._connections.discard(task)
             if guard is not None:
-                guard.release()
+                guard.release(tracked)  # nothing when it was evicted
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -231,19 +231,28 @@ class EngineCollector:
         yield restarts.metric
 
     def _guards(self) -> tuple[_Family, ...]:
-        """Open and refused connections per listener, and the budget of buffered request bytes
-        (dataplane/guard.py)."""
+        """Open, refused and evicted connections per listener, the budget of buffered request
+        bytes and the unsent response bytes (dataplane/guard.py)."""
         guards = self.plane.guards
         open_ = _Family("flowserve_connections_open", "Open connections per listener", "gauge", ("listener",))
         refused = _Family(
             "flowserve_connections_refused",
-            "Connections closed at once because the listener was at --max-connections",
+            "Connections closed at once because the listener (or the client's address) was at "
+            "--max-connections (--max-connections-per-peer) with none idle to evict",
+            "counter",
+            ("listener",),
+        )
+        evicted = _Family(
+            "flowserve_connections_evicted",
+            "Idle connections closed to make room for new ones at --max-connections "
+            "(--max-connections-per-peer)",
             "counter",
             ("listener",),
         )
         for name, guard in sorted(guards.listeners.items()):
             open_.add((name,), guard.open)
             refused.add((name,), guard.refused)
+            evicted.add((name,), guard.evicted)
         budget = guards.budget
         held = _Family(
             "flowserve_request_bytes_buffered", "Request bytes held in memory, all listeners", "gauge", ()
@@ -256,7 +265,15 @@ class EngineCollector:
             (),
         )
         over.add((), budget.refused)
-        return open_, refused, held, over
+        unsent = _Family(
+            "flowserve_response_bytes_unsent",
+            "Response bytes written but not yet taken by their clients, all listeners "
+            "(--max-unsent-response-bytes)",
+            "gauge",
+            (),
+        )
+        unsent.add((), guards.unsent.in_use)
+        return open_, refused, evicted, held, over, unsent
 
     @staticmethod
     def _model(servable: Servable, f: dict[str, _Family]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flowserve.dataplane.guard import ConnectionGuard
+from flowserve.dataplane.guard import EVICT_AFTER_S, ByteBudget, ConnectionGuard
 from flowserve.frontends.http.http1 import (
     _CONTINUE,
     BODY_HIGH_WATER,
@@ -47,6 +47,12 @@ class App:
             path = scope["path"]
             if path == "/fail":
                 raise RuntimeError("boom")
+            if path == "/sized":  # an answer of the size the query string says
+                out = bytes(int(scope["query_string"]))
+                headers = [(b"content-length", b"%d" % len(out))]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": out})
+                return
             if path == "/stream":
                 await send({"type": "http.response.start", "status": 200, "headers": []})
                 for part in (b"one", b"two", b"three"):
@@ -487,5 +493,168 @@ async def test_the_body_timer_left_by_one_request_watches_the_next() -> None:
         status, headers, _ = await read_response(reader)
         assert (status, headers[b"connection"]) == (408, b"close")
         writer.close()
+    finally:
+        await server.stop(grace_s=0)
+
+
+# ------------------------------------------------------------------ answers nobody reads
+
+
+def never_reads(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A client socket that reads nothing (a small receive buffer: answers wait in the server)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+async def test_a_pipelined_request_waits_until_its_client_takes_the_answer() -> None:
+    """While a client has not taken an answer (the transport over its high-water mark), its
+    connection reads and answers nothing more; once it reads, the next request is answered."""
+    app = App()
+    server, port = await start_server(app)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.pause_reading()  # the client reads nothing for now
+        writer.write(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (32 << 20) + post("/a", b"1"))
+        await until(lambda: len(app.scopes) == 1)
+        await asyncio.sleep(0.3)
+        assert len(app.scopes) == 1  # the second request waits for the first answer
+        (conn,) = server.connections
+        assert conn._blocked and conn.idle_since() is not None
+        writer.transport.resume_reading()
+        status, _, body = await read_response(reader)
+        assert status == 200 and len(body) == 32 << 20
+        assert (await read_response(reader))[2] == b"POST /a 1"
+        writer.close()
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_the_unsent_budget_closes_the_connections_holding_the_most() -> None:
+    """Past the server's budget of unsent response bytes the connections holding the most are
+    closed (what they hold is given back at once); a client that reads is served meanwhile."""
+    unsent = ByteBudget(24 << 20, count_small=True)
+    server, port = await start_server(App(), unsent=unsent)
+    try:
+        big = never_reads(port)
+        big.send(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (20 << 20))
+        await until(lambda: unsent.in_use > 16 << 20)
+        small = never_reads(port)
+        small.send(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (16 << 20))
+        await until(lambda: server.dropped == 1)  # together over 24 MiB: the one holding 20 MiB is closed
+        assert unsent.in_use < 16 << 20
+        (holder,) = server.holding  # the smaller holder stays
+        assert holder.client is not None and holder.client[1] == small.getsockname()[1]
+        assert unsent.in_use == holder._unsent
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (4 << 20))
+        status, _, body = await read_response(reader)
+        assert status == 200 and len(body) == 4 << 20
+        writer.close()
+        # a single answer larger than the whole budget: its own connection is closed
+        huge = never_reads(port)
+        huge.send(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (64 << 20))
+        await until(lambda: server.dropped >= 2)
+        for sock in (big, small, huge):
+            sock.close()
+        await until(lambda: unsent.in_use == 0 and not server.holding)
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_an_answer_nobody_takes_is_cut_after_the_idle_timeout() -> None:
+    server, port = await start_server(App(), idle_timeout_s=0.3, unsent=ByteBudget(1 << 30, count_small=True))
+    try:
+        sock = never_reads(port)
+        sock.send(b"GET /sized?%d HTTP/1.1\r\nHost: x\r\n\r\n" % (16 << 20))
+        await until(lambda: len(server.connections) == 1)
+        await until(lambda: not server.connections, seconds=5)  # aborted: close() would wait forever
+        assert server.unsent is not None and server.unsent.in_use == 0
+        sock.close()
+    finally:
+        await server.stop(grace_s=0)
+
+
+# ------------------------------------------------------------------ eviction
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionError:
+        return True
+
+
+async def test_the_connection_idle_longest_is_evicted_for_a_new_one() -> None:
+    """A full listener evicts the connection idle the longest (a trickled head counts as idle)
+    for a new one, never one whose request is being answered; with none idle: 503."""
+    clock = Clock()
+    guard = ConnectionGuard("http", limit=3, clock=clock)
+    app = App()
+    server, port = await start_server(app, guard=guard, clock=clock)
+    try:
+        busy = await asyncio.open_connection("127.0.0.1", port)
+        busy[1].write(post("/hold", b"x"))
+        await until(lambda: app.active == 1)
+        clock.now += 1
+        trickler = await asyncio.open_connection("127.0.0.1", port)
+        trickler[1].write(b"GET /h HTTP/1.1\r\nX-Slow: ")  # a head that never ends
+        clock.now += 1
+        served = await asyncio.open_connection("127.0.0.1", port)
+        served[1].write(post("/a", b"1"))
+        assert (await read_response(served[0]))[2] == b"POST /a 1"
+        # none idle long enough yet: refused
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert (await read_response(reader))[0] == 503 and guard.refused == 1
+        writer.close()
+        clock.now += EVICT_AFTER_S
+        # now the trickler (idle since it opened, its head bytes do not count) goes first
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/b", b"2"))
+        assert (await read_response(reader))[2] == b"POST /b 2"
+        assert await closed(trickler[0]) and guard.evicted == 1
+        clock.now += EVICT_AFTER_S
+        # then the one idle longest of the others; the one being answered never
+        fresh = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed(served[0]) and guard.evicted == 2
+        fresh[1].write(post("/c", b"3"))
+        assert (await read_response(fresh[0]))[2] == b"POST /c 3"
+        app.release.set()
+        assert (await read_response(busy[0]))[2] == b"POST /hold x"
+        assert guard.open == 3
+        for _, w in (busy, fresh, (reader, writer), trickler, served):
+            w.close()
+        await until(lambda: guard.open == 0)
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_one_address_holds_at_most_its_share() -> None:
+    """--max-connections-per-peer: a fourth connection from 127.0.0.2 is refused while the
+    listener has room, and 127.0.0.1 is served."""
+    guard = ConnectionGuard("http", limit=10, per_peer=3)
+    server, port = await start_server(App(), guard=guard)
+    try:
+        held = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        assert (await read_response(reader))[0] == 503 and guard.refused == 1
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/a", b"1"))
+        assert (await read_response(reader))[2] == b"POST /a 1"
+        writer.close()
+        for _, w in held:
+            w.close()
     finally:
         await server.stop(grace_s=0)

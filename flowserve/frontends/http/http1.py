@@ -22,10 +22,22 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
   what follows of that body is discarded);
 - ``Expect: 100-continue`` is answered when the app first asks for the body;
 - a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
-- ``send`` waits while the socket's send buffer is over its high-water mark (a slow reader
-  holds its own request, not the server's memory);
+- a streamed response (no Content-Length) waits in ``send`` while the transport's buffer is
+  over its high-water mark (a slow reader holds its own stream, not the server's memory); a
+  response of known length is written whole (it is in memory already), and while a client
+  has not taken it (the transport over its high-water mark) the connection reads and answers
+  nothing more (pipelined requests wait);
+- unsent response bytes (the transport's buffer while it is over its high-water mark) are
+  counted against the server-wide budget ``unsent`` (``--max-unsent-response-bytes``, shared
+  with gRPC); when a write does not fit it, the connections of this listener holding the most
+  unsent bytes are closed at once (abort: what they hold is dropped), the writing one included
+  when it holds the most, until it fits, logged at most once a second. Why close rather than
+  refuse new responses with 503: the bytes are already computed, a 503 would punish the
+  client whose answer comes next (often a good one) and leave the holders in place, while the
+  holders are the clients that stopped reading;
 - keep-alive by HTTP version and ``Connection``; a connection closes after
-  ``idle_timeout_s`` with no request or with a request head still incomplete (a client
+  ``idle_timeout_s`` with no request, with an answer its client takes none of (aborted), or with
+  a request head still incomplete (a client
   trickling headers: the timer is armed once when the connection goes idle and is not reset
   by the bytes of a head, so it bounds the whole head); a head over ``MAX_HEAD`` bytes or
   ``MAX_HEADERS`` lines gets 431, a malformed request 400, and the connection closes;
@@ -39,8 +51,12 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
   body is still arriving: the server ends its side of the stream after the answer, drops
   what still comes unparsed for up to ``LINGER_S`` and closes (closing at once would reset
   the connection and the client could lose the answer);
-- at most ``guard.limit`` connections (the listener's :class:`ConnectionGuard`): one past it
-  gets a canned 503 and is closed before anything is parsed; the guard logs refusals;
+- at most ``guard.limit`` connections, and ``guard.per_peer`` from one client address (the
+  listener's :class:`ConnectionGuard`): when full, the connection idle the longest (no request
+  being answered, for at least ``guard.EVICT_AFTER_S``; the bytes of an incomplete head do not
+  count as work, as for the idle timeout) is evicted to make room (closed; aborted if its
+  client left an answer unread); with none idle, the new one gets a canned 503 and is closed
+  before anything is parsed; the guard counts and logs both;
 - a client that goes away: ``receive`` answers ``http.disconnect``, later sends are dropped
   at once (a send waiting on a full socket is woken), so the app can end what it was doing.
 
@@ -55,14 +71,16 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections import deque
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import cast
 from urllib.parse import unquote
 
 import httptools
 
-from flowserve.dataplane.guard import ConnectionGuard
+from flowserve.dataplane.guard import ByteBudget, ConnectionGuard
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
 
 log = logging.getLogger("flowserve.http")
@@ -152,6 +170,10 @@ class Connection(asyncio.Protocol):
         self._broken = False  # the parser failed or stopped: later bytes are not read
         self._head_bytes = 0
         self._admitted = False  # holds a slot of the server's ConnectionGuard
+        self._idle_at = 0.0  # server.clock() when it last finished an answer (or opened)
+        self._idle_mark = 0  # unsent bytes when the idle timer was armed (progress, if fewer later)
+        self._unsent = 0  # bytes of the server's ``unsent`` budget this connection holds
+        self._blocked = False  # an answer is not taken yet: the next request waits for it
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_seen = 0  # on_body calls: progress, as the body timer sees it
         self._body_mark = 0  # ... when the body timer was armed
@@ -161,9 +183,13 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        peer = transport.get_extra_info("peername")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        self._idle_at = self.server.clock()
         guard = self.server.guard
         if guard is not None:
-            if not guard.admit():  # full: a canned answer, nothing parsed, closed
+            if not guard.admit(self, self.client[0] if self.client else None):
+                # full, none idle to evict: a canned answer, nothing parsed, closed
                 self._broken = self.gone = True
                 transport.write(_FULL)
                 transport.close()
@@ -173,12 +199,23 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
-        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
         self.local = (str(local[0]), int(local[1])) if isinstance(local, tuple) else None
         self.server.connections.add(self)
         self._arm_idle()
+
+    def idle_since(self) -> float | None:
+        """(:class:`~flowserve.dataplane.guard.Tracked`) When it last finished an answer, or
+        opened; None while a request is being answered. The bytes of a head still incomplete
+        do not count (a client trickling heads is as idle as a silent one), nor do requests
+        waiting behind an answer their client has not taken (one that stopped reading)."""
+        return None if self.current is not None else self._idle_at
+
+    def evict(self) -> None:
+        """(:class:`~flowserve.dataplane.guard.Tracked`) Closed to make room for a new
+        connection (the guard has released its slot already)."""
+        self._admitted = False
+        self._drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -186,7 +223,8 @@ class Connection(asyncio.Protocol):
             self._admitted = False
             guard = self.server.guard
             if guard is not None:
-                guard.release()
+                guard.release(self)
+        self._give_unsent()
         self.server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
@@ -226,9 +264,14 @@ class Connection(asyncio.Protocol):
         self._writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
+        self._give_unsent()  # what waits is under the low-water mark now
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._writable = None
+        if self._blocked:  # the client took its answer: on to the next request
+            self._blocked = False
+            if not self.gone and not self.closing:
+                self._next()
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -342,6 +385,7 @@ class Connection(asyncio.Protocol):
         self.task = None
         if self.gone:
             return
+        self._idle_at = self.server.clock()
         if self.parsing is request and not request.complete:
             if _body_unasked(request):
                 self.closing = True
@@ -354,7 +398,21 @@ class Connection(asyncio.Protocol):
             else:
                 self._close()
             return
+        if self._writable is not None:
+            # the client has not taken this answer: nothing more is read or answered until it
+            # does (resume_writing), and one that takes none of it for idle_timeout_s is cut
+            self._blocked = True
+            self._pause()
+            self._arm_idle()
+            return
+        self._next()
+
+    def _next(self) -> None:
+        """Answer the next pipelined request, or wait (idle) for one."""
         if self.waiting:
+            if self._idle is not None:
+                self._idle.cancel()
+                self._idle = None
             self._start(self.waiting.popleft())
         else:
             self._arm_idle()
@@ -445,14 +503,58 @@ class Connection(asyncio.Protocol):
         if not more:
             request.responded = True
         self._write(out)
-        if self._writable is not None and more:
-            await self._writable
+        if self._writable is not None and more and request.length is None:
+            await self._writable  # a stream waits for its reader (a known length is all here)
 
     # ------------------------------------------------------------------ helpers
 
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None and not self.gone:
             self.transport.write(data)
+            if self._writable is not None:  # over the high-water mark: these bytes wait here
+                self._count_unsent()
+
+    def _count_unsent(self) -> None:
+        """Count what waits in the transport against the server's ``unsent`` budget; when it
+        does not fit, connections holding the most are closed (see ``Http1Server.make_room``)."""
+        server = self.server
+        if server.unsent is None or self.transport is None:
+            return
+        more = self.transport.get_write_buffer_size() - self._unsent
+        if more > 0 and (server.unsent.take(more) or server.make_room(self, more)):
+            self._unsent += more
+            server.holding.add(self)
+
+    def _give_unsent(self) -> None:
+        if self._unsent:
+            unsent = self.server.unsent
+            if unsent is not None:
+                unsent.give(self._unsent)
+            self._unsent = 0
+            self.server.holding.discard(self)
+
+    def _recount_unsent(self) -> None:
+        """Give back what the client took since it was counted."""
+        transport = self.transport
+        if self._unsent and transport is not None:
+            taken = self._unsent - transport.get_write_buffer_size()
+            if taken > 0 and self.server.unsent is not None:
+                self.server.unsent.give(taken)
+                self._unsent -= taken
+                if not self._unsent:
+                    self.server.holding.discard(self)
+
+    def _drop(self) -> None:
+        """Close now (evicted, or over the unsent budget): what the client left unread is
+        dropped (abort), an idle connection with nothing waiting is closed politely."""
+        self._broken = self.closing = True
+        self._give_unsent()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
 
     def _write_whole(self, request: _Request, status: int, text: bytes) -> None:
         self._write(_plain(status, text, close=not request.keep_alive))
@@ -549,7 +651,25 @@ class Connection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
-        self._idle = self.loop.call_later(self.server.idle_timeout_s, self._close)
+        transport = self.transport
+        self._idle_mark = transport.get_write_buffer_size() if self._blocked and transport is not None else 0
+        self._idle = self.loop.call_later(self.server.idle_timeout_s, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        """No request for ``idle_timeout_s`` (or a head still incomplete): closed; with an
+        answer its client has not taken, aborted, unless the client took some of it since."""
+        self._idle = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        unsent = transport.get_write_buffer_size()
+        if not unsent:
+            transport.close()
+        elif self._blocked and unsent < self._idle_mark:  # a slow reader: progress, wait on
+            self._recount_unsent()
+            self._arm_idle()
+        else:
+            self._drop()
 
     def shutdown(self) -> None:
         """Close now if idle, else after the response in flight."""
@@ -591,8 +711,11 @@ class Http1Server:
     ``idle_timeout_s``: a kept-alive connection with no request, or a request head not
     complete, this long after the connection opened or its last answer, is closed.
     ``body_timeout_s``: a request body with no progress for this long gets 408 and the
-    connection closes. ``guard``: the listener's connection cap (connections past it get a
-    canned 503 and are closed before anything is parsed)."""
+    connection closes. ``guard``: the listener's connection cap (idle connections are evicted
+    to make room; without one, connections past it get a canned 503 and are closed before
+    anything is parsed). ``unsent``: the server's budget of response bytes not taken by their
+    clients (past it, the connections holding the most are closed). ``clock``: the guard's
+    (when connections went idle)."""
 
     def __init__(
         self,
@@ -600,13 +723,58 @@ class Http1Server:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
         guard: ConnectionGuard | None = None,
+        unsent: ByteBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
         self.idle_timeout_s = idle_timeout_s
         self.body_timeout_s = body_timeout_s
         self.guard = guard
+        self.unsent = unsent
+        self.clock = clock
         self.connections: set[Connection] = set()
+        self.holding: set[Connection] = set()  # connections holding unsent bytes
+        self.dropped = 0  # connections closed because the unsent budget was spent
+        self._logged_at = -1e9
+        self._unlogged = 0
         self._server: asyncio.Server | None = None
+
+    def make_room(self, asking: Connection, size: int) -> bool:
+        """The ``unsent`` budget has no room for ``size`` more bytes of ``asking``: close the
+        connections holding the most unsent bytes (``asking`` counted with ``size`` more)
+        until they fit; True when they were taken for ``asking``, False when it was closed."""
+        budget = self.unsent
+        assert budget is not None
+        for conn in list(self.holding):
+            conn._recount_unsent()
+        if budget.take(size):
+            return True
+        weight = {c: c._unsent for c in self.holding}
+        weight[asking] = asking._unsent + size
+        for conn in sorted(weight, key=weight.__getitem__, reverse=True):
+            self._log_drop(conn, weight[conn], budget)
+            conn._drop()
+            if conn is asking:
+                return False
+            if budget.take(size):
+                return True
+        return False  # not reached: ``asking`` is among them
+
+    def _log_drop(self, conn: Connection, held: int, budget: ByteBudget) -> None:
+        self.dropped += 1
+        now = self.clock()
+        if now - self._logged_at < 1.0:
+            self._unlogged += 1
+            return
+        also = f" (and {self._unlogged} more since the last message)" if self._unlogged else ""
+        peer = conn.client[0] if conn.client else "?"
+        log.warning(
+            "HTTP: closed a connection from %s holding %d response bytes its client has not read: "
+            "the server's budget of unsent response bytes is spent (--max-unsent-response-bytes %d)%s",
+            peer, held, budget.limit, also,
+        )  # fmt: skip
+        self._logged_at = now
+        self._unlogged = 0
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

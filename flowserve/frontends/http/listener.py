@@ -7,8 +7,10 @@ The socket is bound here, so a busy port is a clear ``OSError`` rather than uvic
 installs its own SIGINT/SIGTERM handlers, and signals belong to the composition root.
 
 Bounds (see ``http1.py`` and ``app.py``): the listener's connection cap is the plane's
-``guards.listener("http")``; the native server also closes idle connections and trickled heads
-(``idle_timeout_s``) and answers 408 to a stalled body (``body_timeout_s``). uvicorn, best
+``guards.listener("http")`` (the native server evicts idle connections to make room, and caps
+each client address, ``per_peer``); the native server also closes idle connections and trickled
+heads (``idle_timeout_s``), answers 408 to a stalled body (``body_timeout_s``) and counts
+unsent response bytes against ``guards.unsent`` (``--max-unsent-response-bytes``). uvicorn, best
 effort: ``limit_concurrency`` is the same cap (uvicorn answers 503 past it, counting
 connections and requests in flight together), ``timeout_keep_alive`` is ``idle_timeout_s``; it
 has no body or head timeout. The request byte budget, the JSON limits and the disconnect of a
@@ -96,7 +98,7 @@ async def start_http(
     guard = plane.guards.listener("http")
     chosen: Http1Server | uvicorn.Server
     if server == "native":
-        chosen = Http1Server(app, idle_timeout_s, body_timeout_s, guard)
+        chosen = Http1Server(app, idle_timeout_s, body_timeout_s, guard, plane.guards.unsent)
     else:
         chosen = _uvicorn(app, idle_timeout_s, guard.limit)
     sock = bind(host, port, reuse_port)
