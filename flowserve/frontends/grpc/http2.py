@@ -909,6 +909,11 @@ class Connection(asyncio.Protocol):
         alone (``cost``: more for a larger header block)."""
         self.resets.take(self.loop, cost)
 
+    def _wasted_headers(self, headers: list[tuple[bytes, bytes]], block: bytes) -> None:
+        """A stream that came to nothing but its decoded headers: tokens of the reset bucket,
+        one and one per HEADER_FIELDS_PER_TOKEN fields and HEADER_BYTES_PER_TOKEN bytes."""
+        self._reset_charge(1 + len(headers) // HEADER_FIELDS_PER_TOKEN + len(block) // HEADER_BYTES_PER_TOKEN)
+
     def _reserve(self, stream: _Stream, size: int) -> bool:
         """Take a message's declared ``size`` from the server's budget; False: refused (answered)."""
         budget = self.server.budget
@@ -1147,11 +1152,9 @@ class Connection(asyncio.Protocol):
             return
         if sid % 2 == 0:
             raise H2Error(PROTOCOL_ERROR, f"stream {sid} cannot be opened by a client")
-        # what a stream that comes to nothing costs the reset bucket
-        cost = 1 + len(headers) // HEADER_FIELDS_PER_TOKEN + len(block) // HEADER_BYTES_PER_TOKEN
         if sid <= self.last_sid:
             if sid in self.recent_resets:
-                self._reset_charge(cost)
+                self._wasted_headers(headers, block)
                 return  # a stream this side reset: frames the client sent before it knew
             raise H2Error(PROTOCOL_ERROR, f"HEADERS on closed stream {sid} (ids only go up)")
         self.last_sid = sid
@@ -1165,7 +1168,7 @@ class Connection(asyncio.Protocol):
             or self.out_blocked > CONN_SEND_AHEAD
             or self.header_bytes > MAX_HEADERS_HELD
         ):
-            self._reset_charge(cost)  # refused (clients retry): not for free
+            self._wasted_headers(headers, block)  # refused (clients retry): not for free
             self._reset_sid(sid, REFUSED_STREAM)
             return
         path = b""
@@ -1182,7 +1185,7 @@ class Connection(asyncio.Protocol):
             elif name == b"grpc-accept-encoding":
                 accept = value
         if not content_type.startswith(b"application/grpc"):
-            self._reset_charge(cost)
+            self._wasted_headers(headers, block)
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, STATUS_415))
             if not flags & END_STREAM:
                 self._reset_sid(sid, NO_ERROR)
@@ -1202,7 +1205,7 @@ class Connection(asyncio.Protocol):
         refusal = self._refusal(method, path, encoding, stream, size, fields)
         if refusal is not None:
             if refusal[0] is not grpc.StatusCode.UNAVAILABLE:  # a bad call, not a restricted one
-                self._reset_charge(cost)
+                self._wasted_headers(headers, block)
             # answered at once (trailers only); a request still being sent is reset after it
             stream.remote_closed = bool(flags & END_STREAM)
             self._finish(stream, *refusal)
