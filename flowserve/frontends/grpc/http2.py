@@ -36,6 +36,8 @@ WINDOW_UPDATE of 0 or past 2^31-1 on a stream, a stream depending on itself) res
 stream. Frames still in flight for a stream this side reset are ignored (the last
 ``RECENT_RESETS`` such streams are remembered). An unexpected exception while handling frames
 is logged in one line and ends the connection with GOAWAY INTERNAL_ERROR, never a traceback.
+Every GOAWAY that ends a connection is logged with the peer, the code and the reason (WARNING;
+INFO for NO_ERROR: idle, evicted), at most one line a second (``LimitedLog``).
 
 What no client can make this side hold or do without bound (the attacks each bound answers):
 
@@ -48,7 +50,13 @@ What no client can make this side hold or do without bound (the attacks each bou
 - responses waiting for the peer's flow-control windows: ``SEND_AHEAD`` per stream (a
   streaming call waits), ``CONN_SEND_AHEAD`` per connection (streaming calls wait, new streams
   are refused with REFUSED_STREAM, which clients retry), ``CONN_SEND_HARD`` (with more than one
-  stream blocked: GOAWAY ENHANCE_YOUR_CALM and close, which frees it all).
+  stream blocked: GOAWAY ENHANCE_YOUR_CALM and close, which frees it all); and across every
+  connection of the server, ``Http2GrpcServer.unsent`` (``--max-unsent-response-bytes``), which
+  also counts the transport's buffer while a peer does not read it: past half of it streaming
+  calls with answers waiting produce no more; an answer that does not fit sheds the
+  connections holding the most (``Http2GrpcServer.shed``: their waiting calls end
+  RESOURCE_EXHAUSTED, then GOAWAY ENHANCE_YOUR_CALM), or, larger than the whole budget, ends
+  its own call RESOURCE_EXHAUSTED.
 - requests: bytes received and not yet delivered, a streaming call's parsed requests its
   servicer has not read included (the connection window is withheld past
   ``Http2GrpcServer.max_buffered``; a stream's window past ``QUEUE_AHEAD`` unread requests or a
@@ -58,28 +66,40 @@ What no client can make this side hold or do without bound (the attacks each bou
   the rest of its data ignored), and every message of ``guard.SMALL`` bytes or more takes its
   declared size from the server-wide :class:`~flowserve.dataplane.guard.ByteBudget` until it is
   parsed (or its stream dies); one that does not fit is refused with RESOURCE_EXHAUSTED before
-  its bytes arrive.
+  its bytes arrive. A request message that makes no progress for ``body_timeout_s`` (a unary
+  call's, or one a streaming call has begun) ends its call DEADLINE_EXCEEDED.
 - compressed requests inflate up to ``INFLATE_INLINE`` bytes on the loop (every small message);
   a message that inflates further finishes inflating in a thread, never past the message limit,
   so a compression bomb cannot stall the loop.
 - headers: ``MAX_HEADER_BLOCK`` encoded bytes and ``MAX_CONTINUATIONS`` frames per header block,
   ``MAX_HEADER_LIST`` decoded bytes (name + value + 32 each, RFC 9113 section 6.5.2; advertised as
   SETTINGS_MAX_HEADER_LIST_SIZE; a larger list is answered RESOURCE_EXHAUSTED, one over twice
-  that ends the connection as hpack stops decoding it), and ``MAX_HEADERS_HELD`` decoded bytes
-  held by the open streams of a connection (new streams past it: REFUSED_STREAM).
+  that ends the connection as hpack stops decoding it), ``MAX_HEADER_FIELDS`` fields (more:
+  RESOURCE_EXHAUSTED; over twice that, counted without decoding, ends the connection), and
+  ``MAX_HEADERS_HELD`` decoded bytes held by the open streams of a connection (new streams past
+  it: REFUSED_STREAM).
 - CPU: streams opened and reset by the client before they ended (the "rapid reset" attack,
   CVE-2023-44487) take tokens from a per-connection bucket (``RESET_BURST``, refilled at
-  ``RESET_RATE`` a second), and so do streams opened past the advertised concurrency; control
-  frames that carry no request (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM of a closed
-  stream, empty DATA, HEADERS or CONTINUATION fragments, unknown types) take tokens from another
-  (``CONTROL_BURST``, ``CONTROL_RATE``). An empty bucket ends the connection with GOAWAY
-  ENHANCE_YOUR_CALM. Both read the loop's clock only when a bucket runs out.
-- connections: ``Http2GrpcServer`` may take a :class:`~flowserve.dataplane.guard.ConnectionGuard`
-  (a connection past its cap is closed at once); the preface and the client's first SETTINGS
-  must arrive within ``handshake_timeout_s`` (a TLS handshake within the same time, through
-  ``create_server``'s ``ssl_handshake_timeout``); a connection with no open stream and no frame
-  for ``idle_timeout_s`` (closed between one and two times that) gets GOAWAY NO_ERROR and is
-  closed. A connection that is closed or reset cancels its calls.
+  ``RESET_RATE`` a second), and so do streams refused (REFUSED_STREAM) or answered from their
+  headers alone, the more the larger their header block (``HEADER_FIELDS_PER_TOKEN``,
+  ``HEADER_BYTES_PER_TOKEN``); control frames that carry no request (PING, SETTINGS, PRIORITY,
+  WINDOW_UPDATE, RST_STREAM of a closed stream, empty DATA, HEADERS or CONTINUATION fragments,
+  unknown types) take tokens from another (``CONTROL_BURST``, ``CONTROL_RATE``), except those a
+  well-behaved client sends because of its calls (``CONTROLS_PER_STREAM``: gRPC C-core's
+  WINDOW_UPDATEs and BDP PINGs, which cut perf_analyzer off at 5k calls a second when they were
+  counted) and the ACK of this side's SETTINGS. An empty bucket ends the connection with GOAWAY
+  ENHANCE_YOUR_CALM. Both read the loop's clock only when a bucket runs out. One connection
+  handles ``FRAMES_PER_TURN`` frames before the loop's other connections have their turn, a
+  header frame weighing one per ``HEADER_BYTES_PER_FRAME`` bytes (decoding is what costs).
+- connections: ``Http2GrpcServer`` may take a :class:`~flowserve.dataplane.guard.ConnectionGuard`,
+  with which each connection registers as a ``guard.Tracked`` with its peer's address: when the
+  listener (or the peer's share of it) is full, the connection with no call for longest (at
+  least ``guard.EVICT_AFTER_S``; keep-alive PINGs do not count) is evicted with GOAWAY NO_ERROR,
+  and only when none is a new connection closed at once; the preface and the client's first
+  SETTINGS must arrive within ``handshake_timeout_s`` (a TLS handshake within the same time,
+  through ``create_server``'s ``ssl_handshake_timeout``); a connection with no call for
+  ``idle_timeout_s`` (PINGs and other frames that carry no call do not count) gets GOAWAY
+  NO_ERROR and is closed. A connection that is closed or reset cancels its calls.
 """
 
 from __future__ import annotations
