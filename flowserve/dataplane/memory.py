@@ -16,7 +16,8 @@ faulted in again by the next large request. Not glibc (musl, macOS): nothing hap
 
 The other way, ``mallopt(M_MMAP_THRESHOLD, ...)`` at start, would give every large block
 back when it is freed, and make every large request map and fault its memory afresh
-(measured in benchmarks/README.md, "Giving memory back").
+(measured in benchmarks/README.md, "Compression bombs and giving memory back": 1.3-1.4x
+on a 16 MiB request).
 """
 
 from __future__ import annotations
