@@ -34,6 +34,7 @@ from flowserve.core.datatypes import to_numpy
 from flowserve.core.device import DeviceTensor, host_map, ordered_device, to_host
 from flowserve.core.errors import InternalError, NodeError, Unavailable, Unsupported
 from flowserve.core.node import Context, Node, Span, TensorMap
+from flowserve.core.ratelog import LimitedLog
 from flowserve.graph.plan import Plan, PlanNode
 from flowserve.runtime.flow import Flow
 from flowserve.runtime.stats import NodeStats
@@ -126,6 +127,8 @@ class Executor:
         self.stats = [_own_stats(n) or NodeStats() for n in nodes]
         self._checks = [output_checks(n) for n in plan.nodes]
         self._warned: set[str] = set()  # outputs whose shape or dtype difference was logged
+        # node failures, which any client can cause at will: at most one line a second per graph
+        self._failures = LimitedLog(log, lambda: clock.now_ns() / 1e9)
         # a node with partial outputs (a switch) produces some of what it declares, others all
         self._partial = [node.partial_outputs for node in nodes]
         self._decoupled = [node.decoupled for node in nodes]
@@ -364,7 +367,8 @@ class Executor:
             stats.errors += 1
             error = NodeError(self.plan.name, plan_node.name, exc)
             stats.last_error = error.detail
-            log.warning(
+            self._failures(
+                logging.WARNING,
                 "node failed: %s",
                 error.detail,
                 extra={"request_id": ctx.request_id, "graph": self.plan.name, "node": plan_node.name},
