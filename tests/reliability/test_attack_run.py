@@ -32,19 +32,15 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServerProcess, start_server
+from tests.reliability.goodclient import PROTOCOLS, ROW, Prober, connect, good_inputs
 
 pytestmark = pytest.mark.slow
 
-PROMPT_S = 1.0  # the slowest answer a good client may see while an attack runs (usually ~10 ms)
-PROTOCOLS: dict[str, ModuleType] = {"http": httpclient, "grpc": grpcclient}
-ROW = np.arange(16, dtype=np.int32).reshape(1, 16)
 CRASHED = ("Fatal Python error", "Bus error", "died", "killed by signal")
 
 
@@ -61,71 +57,6 @@ def served(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
         yield server
     finally:
         assert server.stop(60.0) == 0, server.log()[-4000:]
-
-
-def connect(served: ServerProcess, protocol: str) -> Any:
-    """A new tritonclient client (its own connection: with --workers 2, either worker)."""
-    if protocol == "http":
-        return httpclient.InferenceServerClient(served.http_url, network_timeout=120.0)
-    return grpcclient.InferenceServerClient(served.grpc_url)
-
-
-def good_inputs(module: ModuleType) -> list[Any]:
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        tensor = module.InferInput(name, [1, 16], "INT32")
-        tensor.set_data_from_numpy(ROW)
-        inputs.append(tensor)
-    return inputs
-
-
-class Prober:
-    """A good client inferring ``simple`` over and over on its own connection while an attack
-    runs: the slowest answer is what it saw. (Its client lives in its thread: tritonclient's
-    HTTP client is gevent's, bound to the thread that made it.)"""
-
-    def __init__(self, served: ServerProcess, protocol: str) -> None:
-        self.served = served
-        self.protocol = protocol
-        self.slowest = 0.0
-        self.answers = 0
-        self.errors: list[str] = []
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        assert self._ready.wait(60) and not self.errors, self.errors  # answered once before the attack
-        return self
-
-    def _run(self) -> None:
-        client = connect(self.served, self.protocol)
-        inputs = good_inputs(PROTOCOLS[self.protocol])
-        try:
-            while True:
-                started = time.monotonic()
-                result = client.infer("simple", inputs)
-                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ROW + ROW)
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.answers += 1
-                self._ready.set()
-                if self._stop.wait(0.02):
-                    return
-        except Exception as exc:  # the server died or stalled: the test says which
-            self.errors.append(repr(exc))
-            self._ready.set()
-        finally:
-            client.close()
-
-    def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 10.0
-        while self.answers < 2 and not self.errors and time.monotonic() < deadline:
-            time.sleep(0.01)  # at least one answer while the attack ran, or its end
-        self._stop.set()
-        self._thread.join(30)
-        assert not self.errors, self.errors
-        assert self.answers > 1 and self.slowest < PROMPT_S, (self.answers, self.slowest)
 
 
 def assert_alive(served: ServerProcess, protocol: str) -> None:

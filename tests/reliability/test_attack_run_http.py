@@ -31,26 +31,20 @@ import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 
 from flowserve.dataplane.inflate import RATIO
 from tests.conftest import ServerProcess, start_server
 from tests.h2raw import DATA, HEADERS, RawClient, frame, grpc_message, request_headers, trailers
+from tests.reliability.goodclient import PROMPT_S, Prober, rss
 
 pytestmark = pytest.mark.slow
 
 MiB = 1 << 20
-PROMPT_S = 1.0  # the slowest answer a good client may see while an attack runs (usually ~10 ms)
 BUDGET = 128 * MiB  # --max-buffered-request-bytes (per worker)
 UNSENT = 64 * MiB  # --max-unsent-response-bytes (per worker)
 MAX_CONNECTIONS, PER_PEER = 50, 20
-ROW = np.arange(16, dtype=np.int32).reshape(1, 16)
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -73,29 +67,6 @@ def workers(served: ServerProcess) -> int:
 
 
 # ------------------------------------------------------------------ the server's memory
-
-
-def tree_pids(pid: int) -> list[int]:
-    """The server and its worker processes."""
-    pids = [pid]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                pids.append(int(entry.name))
-    return pids
-
-
-def rss(served: ServerProcess) -> int:
-    """Resident bytes of the server and its workers."""
-    total = 0
-    for pid in tree_pids(served.process.pid):
-        with contextlib.suppress(OSError):
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * 4096
-    return total
 
 
 class Peak:
@@ -134,60 +105,6 @@ def settled(served: ServerProcess, below: int | None = None, seconds: float = 15
 
 
 # ------------------------------------------------------------------ a good client
-
-
-class Prober:
-    """A good client inferring ``simple`` over and over on its own connection (from 127.0.0.1)
-    while an attack runs: the slowest answer is what it saw."""
-
-    def __init__(self, served: ServerProcess, protocol: str = "http") -> None:
-        self.served = served
-        self.protocol = protocol
-        self.slowest = 0.0
-        self.answers = 0
-        self.errors: list[str] = []
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        assert self._ready.wait(60) and not self.errors, self.errors
-        return self
-
-    def _run(self) -> None:
-        module: Any = httpclient if self.protocol == "http" else grpcclient
-        url = self.served.http_url if self.protocol == "http" else self.served.grpc_url
-        client = module.InferenceServerClient(url)
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = module.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(ROW)
-            inputs.append(tensor)
-        try:
-            while True:
-                started = time.monotonic()
-                result = client.infer("simple", inputs)
-                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ROW + ROW)
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.answers += 1
-                self._ready.set()
-                if self._stop.wait(0.02):
-                    return
-        except Exception as exc:  # the server died, stalled or dropped it: the test says which
-            self.errors.append(repr(exc))
-            self._ready.set()
-        finally:
-            client.close()
-
-    def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 10.0
-        while self.answers < 2 and not self.errors and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._stop.set()
-        self._thread.join(30)
-        assert not self.errors, self.errors
-        assert self.answers > 1 and self.slowest < PROMPT_S, (self.answers, self.slowest)
 
 
 def metric(served: ServerProcess, name: str, **labels: str) -> float:
