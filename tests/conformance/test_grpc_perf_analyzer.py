@@ -12,30 +12,13 @@ Skipped without the binary (``python benchmarks/perf_analyzer_setup.py`` fetches
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.conformance.test_perf_analyzer import PERF_ANALYZER
 from tests.conftest import ServerProcess, start_server
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def _find() -> Path | None:
-    spec = importlib.util.spec_from_file_location(
-        "perf_analyzer_setup", ROOT / "benchmarks" / "perf_analyzer_setup.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    found: Path | None = module.find_perf_analyzer()
-    return found
-
-
-PERF_ANALYZER = _find()
 
 pytestmark = [
     pytest.mark.slow,
