@@ -12,16 +12,40 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import hpack
+import pytest
 
+from flowserve.frontends.grpc import h2
+from flowserve.frontends.grpc.h2 import (
+    calls,
+    compression,
+    connection,
+    frames,
+    headers,
+    limits,
+    sending,
+    server,
+)
 from flowserve.frontends.grpc.http2 import PREFACE, frame
 
 __all__ = [
     "PREFACE", "Frame", "RawClient", "frame", "goaway_code", "grpc_message", "parse_frames",
-    "request_headers", "rst_codes", "trailers", "unary",
+    "request_headers", "rst_codes", "set_bound", "trailers", "unary",
 ]  # fmt: skip
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
+
+
+H2_MODULES = (calls, compression, connection, frames, headers, limits, sending, server)
+
+
+def set_bound(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:
+    """Set one of the transport's module-level names (a bound, a function) in every module of
+    ``flowserve.frontends.grpc.h2`` that holds it (each reads its own copy)."""
+    holders = [m for m in H2_MODULES if hasattr(m, name)]
+    assert holders, f"no module of {h2.__name__} has {name}"
+    for module in holders:
+        monkeypatch.setattr(module, name, value)
 
 
 class Blob:

@@ -45,6 +45,7 @@ from tests.h2raw import (
     grpc_message,
     request_headers,
     rst_codes,
+    set_bound,
     trailers,
     unary,
 )
@@ -247,8 +248,8 @@ async def test_responses_held_by_zero_windows_are_bounded(
 ) -> None:
     """A client that opens no window: past CONN_SEND_AHEAD new streams are refused, past
     CONN_SEND_HARD the connection is closed (ENHANCE_YOUR_CALM), which frees it all."""
-    monkeypatch.setattr(http2, "CONN_SEND_AHEAD", 1024 * 1024)
-    monkeypatch.setattr(http2, "CONN_SEND_HARD", 4 * 1024 * 1024)
+    set_bound(monkeypatch, "CONN_SEND_AHEAD", 1024 * 1024)
+    set_bound(monkeypatch, "CONN_SEND_HARD", 4 * 1024 * 1024)
     server = await start()
     zero_window = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE 0
     call = request_headers(SERVICE + "big")
@@ -421,8 +422,8 @@ async def test_a_fast_client_takes_no_control_tokens(
     so past 5k calls a second one connection ran it dry. With a bucket of 20 tokens that never
     refills, a C-core client (grpcio) makes thousands of unary and streamed calls on one
     connection: none fails, nothing is logged, no token is taken; a flood still ends it."""
-    monkeypatch.setattr(http2, "CONTROL_BURST", 20)
-    monkeypatch.setattr(http2, "CONTROL_RATE", 1e-9)
+    set_bound(monkeypatch, "CONTROL_BURST", 20)
+    set_bound(monkeypatch, "CONTROL_RATE", 1e-9)
     server = await start()
 
     def calls() -> int:
@@ -592,7 +593,7 @@ async def test_decoded_header_lists_are_bounded(start: Start) -> None:
 async def test_header_bytes_held_by_open_streams_are_bounded(
     start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(http2, "MAX_HEADERS_HELD", 64 * 1024)
+    set_bound(monkeypatch, "MAX_HEADERS_HELD", 64 * 1024)
     server = await start()
 
     def exchange() -> list[int]:
@@ -629,7 +630,7 @@ async def test_header_blocks_of_many_fields_are_bounded(
         decoded.append(len(block))
         return decode(decoder, block)
 
-    monkeypatch.setattr(http2, "decode_headers", counting)
+    set_bound(monkeypatch, "decode_headers", counting)
 
     def exchange() -> tuple[dict[str, str], dict[str, str], int | None]:
         with RawClient(server.port) as client:
@@ -688,7 +689,7 @@ async def test_header_blocks_of_one_connection_cannot_hold_the_loop(
     so 200 of them ran before any other connection had its turn. Header bytes now weigh in:
     with the reset bucket out of the way, three connections sending such blocks as fast as
     they can leave a good client answered at once (it waited 3.4 to 4.6 s)."""
-    monkeypatch.setattr(http2, "RESET_BURST", 10**9)
+    set_bound(monkeypatch, "RESET_BURST", 10**9)
     server = await start()
     block = _indexed_fields(500, content_type=False)
 
@@ -1258,8 +1259,8 @@ async def test_data_past_a_streams_window_resets_it(start: Start) -> None:
 async def test_data_past_the_connection_window_ends_it(start: Start, monkeypatch: pytest.MonkeyPatch) -> None:
     """Calls that do not read hold the connection's undelivered bytes at its budget, so its
     window is withheld; a peer that sends on regardless gets GOAWAY FLOW_CONTROL_ERROR."""
-    monkeypatch.setattr(http2, "CONNECTION_WINDOW", 256 * 1024)
-    monkeypatch.setattr(http2, "STREAM_WINDOW", 64 * 1024)
+    set_bound(monkeypatch, "CONNECTION_WINDOW", 256 * 1024)
+    set_bound(monkeypatch, "STREAM_WINDOW", 64 * 1024)
     server = await start(max_message=4096)
 
     def attack() -> int | None:

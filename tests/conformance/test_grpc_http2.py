@@ -27,7 +27,7 @@ from flowserve.frontends.grpc.http2 import (
     frame,
     grpc_timeout_s,
 )
-from tests.h2raw import Blob, RawClient, parse_frames, request_headers, rst_codes
+from tests.h2raw import Blob, RawClient, parse_frames, request_headers, rst_codes, set_bound
 
 SERVICE = "/test.Echo/"
 
@@ -302,9 +302,8 @@ def _read_frames(sock: socket.socket, seconds: float) -> list[tuple[int, int, by
 async def test_connection_window_is_withheld_while_requests_wait_undelivered(
     echo_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flowserve.frontends.grpc import http2
 
-    monkeypatch.setattr(http2, "CONNECTION_WINDOW", 1 << 20)  # 1 MiB; half of it acked at a time
+    set_bound(monkeypatch, "CONNECTION_WINDOW", 1 << 20)  # 1 MiB; half of it acked at a time
     server, _, _ = echo_server
     server.max_message = 256 * 1024  # so at most max(2 x 256 KiB, 1 MiB) = 1 MiB waits undelivered
     body = b"\x00" + (220 * 1024).to_bytes(4, "big") + bytes(220 * 1024)
