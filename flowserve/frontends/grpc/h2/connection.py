@@ -323,7 +323,7 @@ class Connection(Sender, asyncio.Protocol):
                 stop = pos + 9 + length
                 if stop > end:
                     break
-                payload = bytes(buf[pos + 9 : stop])
+                payload = bytes(memoryview(buf)[pos + 9 : stop])  # one copy (buf[...] then bytes() made two)
                 pos = stop
                 self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
                 if self.stalled or self.dead:
@@ -772,7 +772,7 @@ class Connection(Sender, asyncio.Protocol):
                     self._queued(stream, pos)
                     return
                 break
-            message = self._message(stream, data[pos], bytes(data[pos + 5 : pos + 5 + length]))
+            message = self._message(stream, data[pos], bytes(memoryview(data)[pos + 5 : pos + 5 + length]))
             if stream.held:
                 self._give(stream)
             if message is None:  # answered instead (a stream it forgot has given back its bytes)
@@ -893,7 +893,7 @@ class Connection(Sender, asyncio.Protocol):
             return
         stream.data = bytearray()
         self._take_data(len(data))
-        request = self._message(stream, data[0], bytes(data[5:]))
+        request = self._message(stream, data[0], bytes(memoryview(data)[5:]))
         if stream.held:
             self._give(stream)
         if request is None:

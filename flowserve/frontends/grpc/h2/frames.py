@@ -33,7 +33,7 @@ GOAWAY_BODY = struct.Struct(">LL")
 MAX_WINDOW = 2**31 - 1
 
 
-def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+def frame(ftype: int, flags: int, sid: int, payload: bytes | bytearray = b"") -> bytes:
     n = len(payload)
     return FRAME_HEAD.pack(n >> 16, n & 0xFFFF, ftype, flags, sid) + payload
 

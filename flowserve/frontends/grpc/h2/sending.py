@@ -190,7 +190,7 @@ class Sender:
                 max_frame = self.peer_max_frame
                 sid = stream.sid
                 chunks = [
-                    frame(DATA, 0, sid, bytes(out[start : min(start + max_frame, room)]))
+                    frame(DATA, 0, sid, out[start : min(start + max_frame, room)])
                     for start in range(0, room, max_frame)
                 ]
                 del out[:room]
