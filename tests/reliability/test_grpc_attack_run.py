@@ -190,10 +190,13 @@ def _tree_private(pid: int) -> int:
 
 
 class RawClientFrom(RawClient):
-    """A raw connection from another loopback address (Linux routes all of 127/8 to lo)."""
+    """A raw connection from another loopback address (Linux routes all of 127/8 to lo); reads
+    wait ``timeout``, the connect itself up to 5 s (a flood of connects can fill the listen
+    backlog for a moment on a loaded machine, and the kernel retries a dropped SYN after 1 s)."""
 
     def __init__(self, port: int, source: str, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5.0, source_address=(source, 0))
+        self.sock.settimeout(timeout)
         self.data = b""
         self.closed = False
 
