@@ -322,6 +322,20 @@ def test_grpc_raw_round_trip(cases: list[tuple[str, np.ndarray]]) -> None:
             assert same_bits(back, array.copy(order="C"))
 
 
+@given(st.lists(st.one_of(fixed_arrays(), bytes_arrays.map(lambda a: ("BYTES", a))), min_size=1, max_size=3))
+@SETTINGS
+def test_grpc_wire_response_is_the_same_message(cases: list[tuple[str, np.ndarray]]) -> None:
+    """The native transport's hand-serialized raw outputs (codec.WireResponse) parse to exactly
+    the message protobuf serializes, whatever the dtypes, byte orders and layouts."""
+    outputs = {f"t{i}": array for i, (_, array) in enumerate(cases)}
+    response = InferResponse("m", "1", outputs, id="x", parameters={"p": 1})
+    shm = SharedMemoryRegistry(enabled=False)
+    wire = grpc_codec.encode_response_wire(response, shm, tail_from=0)
+    assert isinstance(wire, grpc_codec.WireResponse)
+    expected = grpc_codec.encode_response(response, shm)
+    assert service_pb2.ModelInferResponse.FromString(wire.SerializeToString()) == expected
+
+
 @pytest.mark.parametrize("datatype", sorted(grpc_codec.TYPED_FIELD))
 def test_grpc_typed_contents_round_trip(datatype: str) -> None:
     @given(fixed_arrays(datatype) if datatype != "BYTES" else bytes_arrays.map(lambda a: ("BYTES", a)))

@@ -169,7 +169,7 @@ async def _start_native(
         def gate(path: str, header: Callable[[str], str | None]) -> str | None:
             return rules.denial(grpc_category(path), header)
 
-    methods = service_methods(InferenceServicer(plane), SERVICE, service_pb2)
+    methods = service_methods(InferenceServicer(plane, wire_tail=True), SERVICE, service_pb2)
     guard_inference(methods, plane.limits.max_bytes_elements_per_request)  # fields, before parsing
     methods.update(health.native_methods(health.HealthServicer(plane)))
     native = Http2GrpcServer(

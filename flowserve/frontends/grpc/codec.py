@@ -224,10 +224,75 @@ def shm_targets(msg: Any) -> dict[str, ShmTarget] | None:
 _OutputTensor = pb.ModelInferResponse.InferOutputTensor
 
 
+# raw_output_contents on the wire: field number and wire type 2 (length-delimited)
+_RAW_TAG = bytes([pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number << 3 | 2])
+WIRE_TAIL_FROM = 64 * 1024  # raw outputs of at least this many bytes in all: serialized by hand
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class WireResponse:
+    """A ModelInferResponse whose ``raw_output_contents`` are written after the rest of it by
+    hand: the head (names, shapes, parameters) serialized by protobuf, then each raw entry as
+    its tag, length and the output's own buffer, joined once. Protobuf allows a message's fields
+    in any order and keeps a repeated field's entries in theirs, so every parser reads the same
+    message. Why: upb's ``SerializeToString`` copies a 16 MiB bytes field at about 0.5 GB/s
+    (31 ms measured here, against 2 ms for a join), after ``tobytes`` made the field's copy;
+    here the payload is copied once, into the message the transport sends. Only the native
+    transport takes it (``InferenceServicer(wire_tail=True)``): grpcio's generated serializer
+    and a stream's ModelStreamInferResponse need a real message."""
+
+    __slots__ = ("head", "raws")
+
+    def __init__(self, head: Any, raws: list[Any]) -> None:
+        self.head = head
+        self.raws = raws
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name, which the transport calls)
+        parts: list[Any] = [self.head.SerializeToString()]
+        for raw in self.raws:
+            parts += (_RAW_TAG, _varint(raw.nbytes if isinstance(raw, memoryview) else len(raw)), raw)
+        return b"".join(parts)
+
+
+def _raw_view(array: np.ndarray) -> Any:
+    """The output's bytes as they go on the wire, without a copy where numpy has them so."""
+    if array.dtype.kind in "OSU" or array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+        return to_raw(array)
+    return array.reshape(-1).view(np.uint8).data if array.size else b""
+
+
+def encode_response_wire(
+    response: InferResponse,
+    shm: SharedMemoryRegistry,
+    targets: dict[str, ShmTarget] | None = None,
+    tail_from: int = WIRE_TAIL_FROM,
+) -> Any:
+    """:func:`encode_response` for the native transport: a :class:`WireResponse` when the raw
+    outputs are large (``tail_from`` bytes in all), the message itself otherwise."""
+    arrays = response.outputs.values()
+    if sum(int(getattr(a, "nbytes", 0)) for a in arrays) < tail_from:
+        return encode_response(response, shm, targets)
+    head = encode_response(response, shm, targets, raw=False)
+    raws = [
+        b"" if targets and name in targets else _raw_view(array)
+        for name, array in response.outputs.items()
+    ]
+    return WireResponse(head, raws)
+
+
 def encode_response(
     response: InferResponse,
     shm: SharedMemoryRegistry,
     targets: dict[str, ShmTarget] | None = None,
+    raw: bool = True,
 ) -> Any:
     """A ModelInferResponse whose raw_output_contents follow its outputs in order.
 
@@ -243,7 +308,8 @@ def encode_response(
         target = targets.get(name) if targets else None
         if target is None:
             outputs.append(_OutputTensor(name=name, datatype=datatype, shape=array.shape))
-            raws.append(to_raw(array))
+            if raw:
+                raws.append(to_raw(array))
             continue
         region, offset, byte_size = target
         written = shm.write_tensor(region, offset, byte_size, array, name)
@@ -253,7 +319,8 @@ def encode_response(
         if offset:
             out.parameters[SHM_OFFSET].int64_param = offset
         outputs.append(out)
-        raws.append(b"")
+        if raw:
+            raws.append(b"")
     msg = pb.ModelInferResponse(
         model_name=response.model,
         model_version=response.version,

@@ -29,6 +29,7 @@ from flowserve.frontends.grpc.codec import (
     ShmTarget,
     decode_request,
     encode_response,
+    encode_response_wire,
     encoded_one_by_one,
     one_by_one,
     params_to_dict,
@@ -84,9 +85,13 @@ def rpc(method: _Method[_S]) -> _Method[_S]:
 class InferenceServicer:
     """The servicer handed to ``add_GRPCInferenceServiceServicer_to_server``."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, wire_tail: bool = False) -> None:
+        """``wire_tail``: ModelInfer may answer a :class:`~.codec.WireResponse` (large raw
+        outputs serialized by hand; the native transport only, which calls its
+        ``SerializeToString``)."""
         self._plane = plane
         self._shm = plane.shm
+        self._encode = encode_response_wire if wire_tail else encode_response
 
     # ------------------------------------------------------------ inference
 
@@ -107,10 +112,12 @@ class InferenceServicer:
             return await asyncio.to_thread(self._decode, msg)
         return self._decode(msg)
 
-    async def _encode_off_loop(self, response: Any, targets: dict[str, ShmTarget] | None) -> Any:
+    async def _encode_off_loop(
+        self, response: Any, targets: dict[str, ShmTarget] | None, encode: Any = encode_response
+    ) -> Any:
         if encoded_one_by_one(response) > ONE_BY_ONE_IN_THREAD:
-            return await asyncio.to_thread(encode_response, response, self._shm, targets)
-        return encode_response(response, self._shm, targets)
+            return await asyncio.to_thread(encode, response, self._shm, targets)
+        return encode(response, self._shm, targets)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
@@ -120,7 +127,7 @@ class InferenceServicer:
                 metadata = context.invocation_metadata() or ()
                 forward_headers(decoded.parameters, metadata, self._plane.header_forward["grpc"])
             response = await self._plane.infer(decoded)
-            return await self._encode_off_loop(response, targets)
+            return await self._encode_off_loop(response, targets, self._encode)
         except Exception as exc:
             code, message = status_of(exc)
             await context.abort(code, message)
