@@ -1119,7 +1119,10 @@ def _setting(key: int, value: int) -> bytes:
 # (case, frames after the handshake, ("goaway", code) or ("rst", sid, code))
 RFC_CASES: list[tuple[str, bytes, tuple[Any, ...]]] = [
     # 4.2 frame size
-    ("4.2 DATA over SETTINGS_MAX_FRAME_SIZE", _h(1) + frame(DATA, 0, 1, bytes(16385)), ("goaway", FRAME_SIZE_ERROR)),
+    # (the size this side advertises, http2.MAX_FRAME_IN)
+    ("4.2 DATA over SETTINGS_MAX_FRAME_SIZE", _h(1) + frame(DATA, 0, 1, bytes(http2.MAX_FRAME_IN + 1)), ("goaway", FRAME_SIZE_ERROR)),
+    # frames may be as large as MAX_FRAME_IN for DATA; a header block still stops at its bound
+    ("HEADERS frame over the header block bound", frame(HEADERS, 0x4, 1, bytes(http2.MAX_HEADER_BLOCK + 1)), ("goaway", ENHANCE_YOUR_CALM)),
     # 5.1 stream states
     ("5.1 DATA on an idle stream", frame(DATA, 0, 1, b"x"), ("goaway", PROTOCOL_ERROR)),
     ("5.1 RST_STREAM on an idle stream", frame(RST_STREAM, 0, 1, _u32(8)), ("goaway", PROTOCOL_ERROR)),

@@ -200,6 +200,7 @@ class Connection(Sender, asyncio.Protocol):
                 (ENABLE_PUSH, 0),
                 (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
                 (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+                (MAX_FRAME_SIZE, MAX_FRAME_IN),
                 (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
             )
         )
@@ -537,6 +538,8 @@ class Connection(Sender, asyncio.Protocol):
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "HEADERS on stream 0")
+        if len(payload) > MAX_HEADER_BLOCK:  # frames may be large (MAX_FRAME_IN) for DATA's sake
+            raise H2Error(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
         start, stop = 0, len(payload)
         if flags & (PADDED | PRIORITY_FLAG):
             if flags & PADDED:

@@ -24,7 +24,7 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 # stream's window is given back only as the servicer reads (the client then waits)
 QUEUE_AHEAD = 64
 MAX_STREAMS = 4096
-MAX_FRAME_IN = 16_384  # the protocol default; not raised, so frames stay small to parse
+MAX_FRAME_IN = 1 << 20  # SETTINGS_MAX_FRAME_SIZE advertised: 16 DATA frames to parse per 16 MiB, not 1,024
 MAX_HEADER_BLOCK = 64 * 1024  # one request's header block, CONTINUATION frames included
 MAX_CONTINUATIONS = 64  # CONTINUATION frames in one header block (4 carry the largest block)
 MAX_HEADER_LIST = 64 * 1024  # one request's decoded header list (name + value + 32 per field)
