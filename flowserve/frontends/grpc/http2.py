@@ -41,7 +41,7 @@ stream. Frames still in flight for a stream this side reset are ignored (the las
 ``RECENT_RESETS`` such streams are remembered). An unexpected exception while handling frames
 is logged in one line and ends the connection with GOAWAY INTERNAL_ERROR, never a traceback.
 Every GOAWAY that ends a connection is logged with the peer, the code and the reason (WARNING;
-INFO for NO_ERROR: idle, evicted), at most one line a second (``LimitedLog``).
+INFO for NO_ERROR: idle, evicted), at most one line a second (``flowserve.core.ratelog.LimitedLog``).
 
 What no client can make this side hold or do without bound (the attacks each bound answers):
 
@@ -222,7 +222,6 @@ from flowserve.frontends.grpc.h2.limits import (
     RESET_RATE,
     SEND_AHEAD,
     STREAM_WINDOW,
-    LimitedLog,
     TokenBucket,
 )
 from flowserve.frontends.grpc.h2.server import (
@@ -316,7 +315,6 @@ __all__ = [
     "H2Error",
     "Http2GrpcServer",
     "Later",
-    "LimitedLog",
     "Method",
     "Refused",
     "ResponseCompression",

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
+from flowserve.core.ratelog import LimitedLog
 from flowserve.frontends.grpc.h2.frames import (
     ENHANCE_YOUR_CALM,
     H2Error,
 )
 
 log = logging.getLogger("flowserve.grpc")
+
+
+def limited_log() -> LimitedLog:
+    """The transport's log of connection ends: at most one line a second (core.ratelog)."""
+    return LimitedLog(log)
 
 DEFAULT_WINDOW = 65_535
 # what this server lets a peer send ahead: per stream, and on the connection as a whole
@@ -82,31 +86,6 @@ CLOSE_GRACE_S = 2.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 DEFAULT_BODY_TIMEOUT_S = 30.0  # as HTTP's --http-body-timeout-secs
-
-
-class LimitedLog:
-    """Log lines at most once every ``interval_s`` seconds of ``clock`` (a flood of connection
-    errors cannot flood the log); the next line written says how many were left out."""
-
-    __slots__ = ("clock", "interval_s", "left_out", "logged_at")
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, interval_s: float = 1.0) -> None:
-        self.clock = clock
-        self.interval_s = interval_s
-        self.logged_at = -1e18
-        self.left_out = 0
-
-    def __call__(self, level: int, message: str, *args: object) -> None:
-        now = self.clock()
-        if now - self.logged_at < self.interval_s:
-            self.left_out += 1
-            return
-        if self.left_out:
-            message += " (and %d more like it since the last such message)"
-            args = (*args, self.left_out)
-        log.log(level, message, *args)
-        self.logged_at = now
-        self.left_out = 0
 
 
 class TokenBucket:

@@ -16,7 +16,7 @@ from flowserve.frontends.grpc.h2.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
-    LimitedLog,
+    limited_log,
 )
 
 
@@ -64,7 +64,7 @@ class Http2GrpcServer:
         self.tick = 0
         self.body_timer: asyncio.TimerHandle | None = None
         self.connections: set[Connection] = set()
-        self.notes = LimitedLog()  # connection ends (GOAWAY), at most once a second
+        self.notes = limited_log()  # connection ends (GOAWAY), at most once a second
         self.server: asyncio.Server | None = None
         self.port = 0
 
