@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from flowserve.core.ratelog import LimitedLog
+
 log = logging.getLogger("flowserve")
 
 DEFAULT_MAX_CONNECTIONS = 4096  # per listener
@@ -82,8 +84,7 @@ class ConnectionGuard:
         self.refused = 0
         self.evicted = 0
         self._clock = clock
-        self._logged_at = -1e9
-        self._unlogged = 0
+        self._refusals = LimitedLog(log, clock)  # logged at most once a second
         self._tracked: dict[Tracked, str | None] = {}  # connection -> its peer address
         self._peers: dict[str, int] = {}  # peer address -> open connections
 
@@ -149,14 +150,8 @@ class ConnectionGuard:
 
     def _refuse(self, why: str) -> bool:
         self.refused += 1
-        now = self._clock()
-        if now - self._logged_at >= 1.0:
-            also = f" (and {self._unlogged} more since the last message)" if self._unlogged else ""
-            log.warning("%s listener: refused a connection: %s, none idle to evict%s", self.listener, why, also)  # noqa: E501
-            self._logged_at = now
-            self._unlogged = 0
-        else:
-            self._unlogged += 1
+        message = "%s listener: refused a connection: %s, none idle to evict"
+        self._refusals(logging.WARNING, message, self.listener, why)
         return False
 
 
