@@ -139,7 +139,7 @@ class Connection(Sender, asyncio.Protocol):
         self.out_blocked = 0  # response bytes of all streams waiting for the peer's windows
         self.unblocked: asyncio.Future[None] | None = None  # streaming senders waiting on it
         self.header_bytes = 0  # decoded header bytes of the open streams
-        self.pending: list[bytes] = []
+        self.pending: list[bytes | bytearray] = []
         self.pending_size = 0
         self.flush_scheduled = False
         self.paused: asyncio.Future[None] | None = None

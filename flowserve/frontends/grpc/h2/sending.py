@@ -18,6 +18,7 @@ from flowserve.frontends.grpc.h2.frames import (
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
+    FRAME_HEAD,
     FRAME_SIZE_ERROR,
     HEADERS,
     MAX_WINDOW,
@@ -51,7 +52,7 @@ class Sender:
     peer_max_frame: int
     out_blocked: int
     unblocked: asyncio.Future[None] | None
-    pending: list[bytes]
+    pending: list[bytes | bytearray]
     pending_size: int
     flush_scheduled: bool
     stalled: bool
@@ -158,7 +159,10 @@ class Sender:
             message = compression.compress(message, coding)
             flag = b"\x01"
         n = len(message)
-        stream.out += flag + n.to_bytes(4, "big") + message
+        out = stream.out  # the message is copied once, into the stream's queue
+        out += flag
+        out += n.to_bytes(4, "big")
+        out += message
         self.out_blocked += n + 5
         if trailers is not None:
             stream.trailers = trailers
@@ -187,12 +191,7 @@ class Sender:
         if out:
             room = min(stream.send_window, self.send_window, len(out))
             if room > 0:
-                max_frame = self.peer_max_frame
-                sid = stream.sid
-                chunks = [
-                    frame(DATA, 0, sid, out[start : min(start + max_frame, room)])
-                    for start in range(0, room, max_frame)
-                ]
+                data = _data_frames(out, room, self.peer_max_frame, stream.sid)
                 del out[:room]
                 stream.send_window -= room
                 self.send_window -= room
@@ -201,7 +200,7 @@ class Sender:
                     self.flushes += 1  # earns the WINDOW_UPDATEs that answer it
                 if self.unblocked is not None:
                     self._less_blocked()
-                self._write(b"".join(chunks))
+                self._write(data)
             if out:
                 self.blocked[stream.sid] = stream
                 if len(out) != stream.charged and not self._charge(stream):
@@ -274,7 +273,7 @@ class Sender:
             if self.send_window <= 0 or self.dead:
                 break
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | bytearray) -> None:
         """Queue bytes for the socket; everything queued in one loop iteration leaves in one
         write (or sooner, past ``MAX_PENDING_OUT``, so that the transport's high-water mark
         pauses reading)."""
@@ -290,7 +289,8 @@ class Sender:
         self.flush_scheduled = False
         transport = self.transport
         if self.pending and transport is not None and not transport.is_closing():
-            transport.write(b"".join(self.pending))
+            pending = self.pending
+            transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
             if self.stalled and not self.dead:
                 size = transport.get_write_buffer_size()
                 if size > MAX_WRITE_BUFFER:
@@ -304,3 +304,22 @@ class Sender:
                 return
         self.pending.clear()
         self.pending_size = 0
+
+
+def _data_frames(out: bytearray, room: int, max_frame: int, sid: int) -> bytearray | bytes:
+    """The first ``room`` bytes of ``out`` as DATA frames of at most ``max_frame`` bytes, in
+    one buffer: each payload copied once (slicing, then framing, then joining copied it
+    three times)."""
+    if room <= max_frame:
+        return frame(DATA, 0, sid, out[:room])
+    view = memoryview(out)
+    try:
+        data = bytearray()
+        for start in range(0, room, max_frame):
+            payload = view[start : min(start + max_frame, room)]
+            n = len(payload)
+            data += FRAME_HEAD.pack(n >> 16, n & 0xFFFF, DATA, 0, sid)
+            data += payload
+        return data
+    finally:
+        view.release()  # before the caller resizes ``out``
