@@ -54,14 +54,14 @@ def guard_inference(methods: dict[str, Method], max_bytes_elements: int) -> None
             methods[path] = dataclasses.replace(methods[path], parse=parse)
 
 
-def guarded_parser(message_class: Any, max_bytes_elements: int) -> Callable[[bytes], Any]:
+def guarded_parser(message_class: Any, max_bytes_elements: int) -> Callable[[bytes | memoryview], Any]:
     """``message_class.FromString``, refusing a message of more than ``max_bytes_elements`` +
     OTHER_FIELDS fields before it is parsed (:class:`TooManyFields`)."""
     parse = message_class.FromString
     descriptor: Descriptor = message_class.DESCRIPTOR
     most = max_bytes_elements + OTHER_FIELDS
 
-    def guarded(data: bytes) -> Any:
+    def guarded(data: bytes | memoryview) -> Any:
         if len(data) > 2 * most:
             check_fields(descriptor, data, most, max_bytes_elements)
         return parse(data)

@@ -19,7 +19,7 @@ Streaming = Callable[[AsyncIterator[Any], CallContext], AsyncIterator[Any]]
 
 @dataclass(frozen=True)
 class Method:
-    parse: Callable[[bytes], Any]
+    parse: Callable[[bytes | memoryview], Any]  # a message's bytes, or a view of them
     unary: Unary | None = None
     streaming: Streaming | None = None
 

@@ -797,7 +797,7 @@ class Connection(Sender, asyncio.Protocol):
             del stream.data[:count]
             stream.queued += count
 
-    def _message(self, stream: Stream, compressed: int, body: bytes) -> Any | None:
+    def _message(self, stream: Stream, compressed: int, body: bytes | memoryview) -> Any | None:
         """A request message parsed (a :class:`Later` when it inflates past ``INFLATE_INLINE``
         bytes: the rest in a thread), or None when the call was answered instead. A compressed
         one inflates within ``flowserve.dataplane.inflate``'s bounds (the message limit,
@@ -808,7 +808,8 @@ class Connection(Sender, asyncio.Protocol):
                 wbits = ENCODINGS[stream.encoding]
                 if wbits is not None:
                     server = self.server
-                    inflater = Inflater(body, wbits, server.max_message, server.budget, "request message")
+                    limit, budget = server.max_message, server.budget
+                    inflater = Inflater(bytes(body), wbits, limit, budget, "request message")
                     out = inflate_inline(inflater, INFLATE_INLINE)
                     if out is None:
                         later, inflater = self._inflate_later(stream, inflater), None
@@ -846,7 +847,7 @@ class Connection(Sender, asyncio.Protocol):
         task.add_done_callback(retrieved)
         return Later(task)
 
-    def _parse_later(self, stream: Stream, body: bytes) -> Later:
+    def _parse_later(self, stream: Stream, body: bytes | memoryview) -> Later:
         """Parse a large message in a thread. protobuf holds the GIL while it parses (tens of
         nanoseconds a field), so what keeps the loop free is the bound on fields that an
         inference method's parse checks first, in Python, which lets the GIL go (fields.py);
@@ -896,7 +897,8 @@ class Connection(Sender, asyncio.Protocol):
             return
         stream.data = bytearray()
         self._take_data(len(data))
-        request = self._message(stream, data[0], bytes(memoryview(data)[5:]))
+        # the message parsed from the stream's own buffer (a view: the stream has a new one)
+        request = self._message(stream, data[0], memoryview(data)[5:])
         if stream.held:
             self._give(stream)
         if request is None:
