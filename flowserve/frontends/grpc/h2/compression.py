@@ -69,8 +69,10 @@ def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
 
 async def inflate_rest(inflater: Inflater, parse: Callable[[bytes], Any]) -> Any:
     """Finish inflating a message (in a thread, step by step, its bytes counted against the
-    budget as they grow: ``inflate.finish``) and parse it (in a thread: protobuf lets the GIL
-    go); what the inflater holds is given back when it is parsed or refused."""
+    budget as they grow: ``inflate.finish``) and parse it (in a thread; protobuf holds the GIL
+    while it parses, so what keeps the loop free for large messages is the field bound an
+    inference method's parse checks first, fields.py); what the inflater holds is given back
+    when it is parsed or refused."""
     try:
         out = await finish(inflater)
         return await asyncio.to_thread(parse, out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -829,33 +829,17 @@ class Connection(Sender, asyncio.Protocol):
                 inflater.release()
 
     def _inflate_later(self, stream: Stream, inflater: Inflater) -> Later:
-        """Inflate the rest of a message in a thread; the budget it holds goes back when done."""
-        held, stream.held = stream.held, 0
+        """Inflate the rest of a message in a thread."""
         parse = stream.method.parse
-
-        async def run() -> Any:
-            try:
-                return await inflate_rest(inflater, parse)
-            finally:
-                inflater.release()  # (also when cancelled before it began)
-                if held:
-                    budget = self.server.budget
-                    assert budget is not None
-                    budget.give(held)
-
-        task = self.loop.create_task(run())
-        task.add_done_callback(retrieved)
-        return Later(task)
+        return self._later(stream, lambda: inflate_rest(inflater, parse), inflater.release)
 
     def _parse_later(self, stream: Stream, body: bytes | memoryview) -> Later:
         """Parse a large message in a thread. protobuf holds the GIL while it parses (tens of
         nanoseconds a field), so what keeps the loop free is the bound on fields that an
-        inference method's parse checks first, in Python, which lets the GIL go (fields.py);
-        the budget the message holds goes back when it is parsed."""
-        held, stream.held = stream.held, 0
+        inference method's parse checks first, in Python, which lets the GIL go (fields.py)."""
         parse = stream.method.parse
 
-        async def run() -> Any:
+        async def parsed() -> Any:
             try:
                 return await asyncio.to_thread(parse, body)
             except ResourceExhausted as exc:  # e.g. fields.TooManyFields
@@ -863,7 +847,22 @@ class Connection(Sender, asyncio.Protocol):
             except DecodeError as exc:
                 message = f"Failed to parse the request message: {exc}"
                 raise Refused(grpc.StatusCode.INTERNAL, message) from None
+
+        return self._later(stream, parsed)
+
+    def _later(
+        self, stream: Stream, work: Callable[[], Awaitable[Any]], release: Callable[[], None] | None = None
+    ) -> Later:
+        """The call's request, made off the loop by ``work``; ``release`` and the request budget
+        the message holds go back when it ends, however (also when cancelled before it began)."""
+        held, stream.held = stream.held, 0
+
+        async def run() -> Any:
+            try:
+                return await work()
             finally:
+                if release is not None:
+                    release()
                 if held:
                     budget = self.server.budget
                     assert budget is not None
