@@ -80,6 +80,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from flowserve.core.ratelog import LimitedLog
 from flowserve.dataplane.guard import ByteBudget, ConnectionGuard
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
 
@@ -735,8 +736,7 @@ class Http1Server:
         self.connections: set[Connection] = set()
         self.holding: set[Connection] = set()  # connections holding unsent bytes
         self.dropped = 0  # connections closed because the unsent budget was spent
-        self._logged_at = -1e9
-        self._unlogged = 0
+        self._drops = LimitedLog(log, clock)  # logged at most once a second
         self._server: asyncio.Server | None = None
 
     def make_room(self, asking: Connection, size: int) -> bool:
@@ -762,19 +762,13 @@ class Http1Server:
 
     def _log_drop(self, conn: Connection, held: int, budget: ByteBudget) -> None:
         self.dropped += 1
-        now = self.clock()
-        if now - self._logged_at < 1.0:
-            self._unlogged += 1
-            return
-        also = f" (and {self._unlogged} more since the last message)" if self._unlogged else ""
         peer = conn.client[0] if conn.client else "?"
-        log.warning(
+        self._drops(
+            logging.WARNING,
             "HTTP: closed a connection from %s holding %d response bytes its client has not read: "
-            "the server's budget of unsent response bytes is spent (--max-unsent-response-bytes %d)%s",
-            peer, held, budget.limit, also,
+            "the server's budget of unsent response bytes is spent (--max-unsent-response-bytes %d)",
+            peer, held, budget.limit,
         )  # fmt: skip
-        self._logged_at = now
-        self._unlogged = 0
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
