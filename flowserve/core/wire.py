@@ -180,6 +180,14 @@ def to_raw(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+def raw_view(array: np.ndarray) -> bytes | memoryview:
+    """What :func:`to_raw` gives, as a view of the array's own memory where its bytes already
+    are the wire's (fixed-size, little-endian, C-contiguous), else :func:`to_raw`'s copy."""
+    if array.dtype.kind in "OSU" or array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+        return to_raw(array)
+    return array.reshape(-1).view(np.uint8).data if array.size else b""
+
+
 def _bytes_to_raw(array: np.ndarray) -> bytes:
     """Length-prefixed elements, with no Python step per element for many small ones: the
     prefixes are made and placed by numpy around the joined elements."""

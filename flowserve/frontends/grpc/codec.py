@@ -23,7 +23,7 @@ from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import DEFAULT_LIMITS, MAX_RANK, Limits, check_bytes_elements, check_shape
 from flowserve.core.node import TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import from_list, from_raw, to_raw
+from flowserve.core.wire import from_list, from_raw, raw_view, to_raw
 from flowserve.dataplane.shm import SharedMemoryRegistry
 
 # Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
@@ -262,13 +262,6 @@ class WireResponse:
         return b"".join(parts)
 
 
-def _raw_view(array: np.ndarray) -> Any:
-    """The output's bytes as they go on the wire, without a copy where numpy has them so."""
-    if array.dtype.kind in "OSU" or array.dtype.byteorder == ">" or not array.flags.c_contiguous:
-        return to_raw(array)
-    return array.reshape(-1).view(np.uint8).data if array.size else b""
-
-
 def encode_response_wire(
     response: InferResponse,
     shm: SharedMemoryRegistry,
@@ -282,7 +275,7 @@ def encode_response_wire(
         return encode_response(response, shm, targets)
     head = encode_response(response, shm, targets, raw=False)
     raws = [
-        b"" if targets and name in targets else _raw_view(array)
+        b"" if targets and name in targets else raw_view(array)
         for name, array in response.outputs.items()
     ]
     return WireResponse(head, raws)
