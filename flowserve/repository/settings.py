@@ -35,6 +35,9 @@ class RepositorySettings:
     # the Ray cluster KIND_RAY instances run on ("" none; "auto" this machine's, or a new local
     # one; "local" a new local one; else an address): nodes/rayinstances.py
     ray_address: str = ""
+    # a node's failure carries the traceback of its Python code in the error response's message
+    # too (the log always has it); off by default: a client sees no server file paths
+    error_traceback: bool = False
 
     def __post_init__(self) -> None:
         if self.control_mode not in CONTROL_MODES:
