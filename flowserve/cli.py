@@ -306,6 +306,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             inline_threshold_us=args.inline_threshold_us,
             remote=remote,
             ray_address=args.ray_address,
+            error_traceback=args.error_traceback,
         )
     except InvalidArgument as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -780,6 +781,12 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "(the cluster this machine runs, else a new local one) or 'local' (a new local one); "
         "without it a model asking for KIND_RAY fails to load",
     )
+    serve.add_argument(
+        "--error-traceback", type=_flag, nargs="?", const=True, default=d.repository.error_traceback,
+        metavar="BOOL",
+        help="a failing node's error response carries the traceback of its Python code (file:line; "
+        "the log always has it): for development, it shows the server's file paths to clients",
+    )  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 
     validate = command("validate", "check repositories and graphs, list every error")
