@@ -8,7 +8,8 @@
      +-- Unavailable          UNAVAILABLE   not ready, queue full, timed out in queue
      +-- Unsupported          UNSUPPORTED   feature not available here (e.g. no GPU)
      +-- InternalError        INTERNAL      a bug or a failing node
-     |    +-- NodeError                     a node raised; names the graph and the node
+     |    +-- NodeError                     a node raised; names the graph and the node (and,
+     |                                      with --error-traceback, carries its code's traceback)
      +-- AlreadyExists        ALREADY_EXISTS
      +-- Cancelled            CANCELLED
      +-- ResourceExhausted    RESOURCE_EXHAUSTED  request over a configured size limit
@@ -21,8 +22,12 @@ core never imports a transport.
 from __future__ import annotations
 
 import enum
+import os
+import sysconfig
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class ErrorCode(enum.Enum):
@@ -91,7 +96,9 @@ class NodeError(InternalError):
     sub-graph or an ensemble step reads ``in graph 'outer', node 'sub' -> graph 'inner', node 'x'``.
     """
 
-    def __init__(self, graph: str, node: str, cause: BaseException | str) -> None:
+    def __init__(self, graph: str, node: str, cause: BaseException | str, shown_traceback: str = "") -> None:
+        """``shown_traceback``: the traceback of the node's own code, appended to the message
+        (``--error-traceback``); ``detail`` stays the one line that says what failed."""
         detail = cause if isinstance(cause, str) else _describe(cause)
         self.graph = graph
         self.node = node
@@ -100,7 +107,7 @@ class NodeError(InternalError):
         self.code = cause.code if isinstance(cause, FlowserveError) else ErrorCode.INTERNAL
         # a repository model is a one-node graph of the same name: say "model" once
         where = f"in model '{graph}'" if graph == node else f"in graph '{graph}', node '{node}'"
-        super().__init__(f"{where}: {detail}")
+        super().__init__(f"{where}: {detail}" + (f"\n{shown_traceback}" if shown_traceback else ""))
 
 
 def error_class(code: ErrorCode) -> type[FlowserveError]:
@@ -130,6 +137,44 @@ def _describe(exc: BaseException) -> str:
         return exc.message
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# frames of these folders are left out of a traceback shown for a user's code: flowserve's own
+# and the standard library's (asyncio, threading, importlib)
+_INTERNAL = tuple(
+    str(Path(p).resolve()) + os.sep
+    for p in (Path(__file__).resolve().parent.parent, sysconfig.get_paths()["stdlib"])
+)
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(_INTERNAL)
+
+
+def code_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` trimmed to the frames that matter to whoever wrote the code
+    that raised it: flowserve's frames and the standard library's are left out (all frames are
+    kept when that would leave none), chained causes included. For a node's failure in the log
+    (or, with ``--error-traceback``, in the error's message)."""
+    shown = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    part: traceback.TracebackException | None = shown
+    while part is not None and id(part) not in seen:
+        seen.add(id(part))
+        kept = [f for f in part.stack if not _internal(f.filename)]
+        if kept and len(kept) < len(part.stack):
+            part.stack = traceback.StackSummary.from_list(kept)
+        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
+    return "".join(shown.format()).rstrip()
+
+
+def code_location(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of a user's code in ``exc``'s traceback (for a
+    SyntaxError, where the bad line is), or "" when no frame is outside flowserve."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 @dataclass(frozen=True, slots=True)

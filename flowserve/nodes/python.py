@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import logging
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
@@ -50,12 +51,14 @@ import numpy as np
 
 from flowserve.core.datatypes import DATATYPES
 from flowserve.core.device import CPU, DeviceTensor, edges, on_current_stream, produced, wrap
-from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue
+from flowserve.core.errors import InvalidArgument, SpecError, SpecIssue, code_location, code_traceback
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Signature
 from flowserve.nodes.instances import InstancePool, Worker
 from flowserve.nodes.loading import LoadSettings
 from flowserve.spec.schema import NodeSpec, TensorSpec
+
+log = logging.getLogger("flowserve")
 
 
 def import_target(target: str) -> Any:
@@ -63,8 +66,8 @@ def import_target(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument(f"cannot import module '{module_name}': {exc}") from None
+    except Exception as exc:  # the module's own code failed (any error), or it is not there
+        raise _import_error(module_name, exc) from None
     obj = module
     for part in attr.split("."):
         try:
@@ -72,6 +75,18 @@ def import_target(target: str) -> Any:
         except AttributeError:
             raise InvalidArgument(f"module '{module_name}' has no attribute '{attr}'") from None
     return obj
+
+
+def _import_error(module_name: str, exc: Exception) -> InvalidArgument:
+    """Why ``module_name`` cannot be imported, with where in its code (file:line) when its own
+    code failed; the log gets the traceback of that code."""
+    where = code_location(exc)
+    if where:
+        log.error("cannot import module '%s':\n%s", module_name, code_traceback(exc))
+    text = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+    return InvalidArgument(
+        f"cannot import module '{module_name}': {text}" + (f" (at {where})" if where else "")
+    )
 
 
 def _tensor_table(raw: Any, what: str) -> dict[str, TensorSpec | None] | None:

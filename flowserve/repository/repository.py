@@ -20,7 +20,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from flowserve.core.clock import MONOTONIC, Clock
-from flowserve.core.errors import FlowserveError, InvalidArgument, NotFound, SpecIssue
+from flowserve.core.errors import (
+    FlowserveError,
+    InvalidArgument,
+    NotFound,
+    SpecIssue,
+    code_location,
+    code_traceback,
+)
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.nodes.backends import autocompletions
@@ -254,16 +261,24 @@ class Repository:
                     try:
                         await node.start()
                     except Exception as exc:
-                        raise FlowserveError(f"node '{node.name}' failed to start: {_text(exc)}") from exc
+                        raise FlowserveError(
+                            f"node '{node.name}' failed to start: {_text(exc)}{_at(exc)}"
+                        ) from exc
                     started.append(node)
-                executor = Executor(plan, nodes, self.clock)
+                executor = Executor(plan, nodes, self.clock, self.settings.error_traceback)
                 if graph is not None and graph.warmup:
                     await warm_up_graph(name, graph.warmup, plan.max_batch_size > 0, _runner(plan, executor))
             except Exception as exc:
                 for node in started:
                     await node.stop()
                 failed[str(version)] = _text(exc)
-                log.error("failed to load '%s' version %s: %s", name, version, failed[str(version)])
+                log.error(
+                    "failed to load '%s' version %s: %s%s",
+                    name,
+                    version,
+                    failed[str(version)],
+                    _traceback(exc),
+                )
                 continue
             if executor.decoupled and graph is not None:
                 mark_decoupled(config)  # clients must stream
@@ -531,6 +546,25 @@ def _runner(plan: Plan, executor: Executor) -> Callable[[TensorMap], Awaitable[o
         return await executor.run(inputs, ctx)
 
     return run
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """The error a user's code raised behind ``exc`` (through flowserve's wrapping), or None."""
+    while isinstance(exc, FlowserveError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return None if isinstance(exc, FlowserveError) or not code_location(exc) else exc
+
+
+def _at(exc: BaseException) -> str:
+    """`` (at file:line)`` of a user's code that raised ``exc``; "" for flowserve's own errors."""
+    cause = _user_error(exc)
+    return f" (at {code_location(cause)})" if cause is not None else ""
+
+
+def _traceback(exc: BaseException) -> str:
+    """The traceback of the user's code behind ``exc`` (a new line first), for the log."""
+    cause = _user_error(exc)
+    return "\n" + code_traceback(cause) if cause is not None else ""
 
 
 def _text(exc: BaseException) -> str:

@@ -32,7 +32,15 @@ import numpy as np
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.datatypes import to_numpy
 from flowserve.core.device import DeviceTensor, host_map, ordered_device, to_host
-from flowserve.core.errors import InternalError, NodeError, Unavailable, Unsupported
+from flowserve.core.errors import (
+    FlowserveError,
+    InternalError,
+    NodeError,
+    Unavailable,
+    Unsupported,
+    code_location,
+    code_traceback,
+)
 from flowserve.core.node import Context, Node, Span, TensorMap
 from flowserve.core.ratelog import LimitedLog
 from flowserve.graph.plan import Plan, PlanNode
@@ -118,8 +126,13 @@ def _own_stats(node: Node) -> NodeStats | None:
 class Executor:
     """Runs tokens through one plan with its node objects (aligned with ``plan.nodes``)."""
 
-    def __init__(self, plan: Plan, nodes: list[Node], clock: Clock = MONOTONIC) -> None:
+    def __init__(
+        self, plan: Plan, nodes: list[Node], clock: Clock = MONOTONIC, error_traceback: bool = False
+    ) -> None:
+        """``error_traceback``: a node's error message carries the traceback of the node's own
+        code (``--error-traceback``); the log always has it."""
         self.plan = plan
+        self.error_traceback = error_traceback
         self.nodes = nodes
         self.clock = clock
         # a node that keeps statistics of its own (a batcher: queue, compute, batch sizes)
@@ -251,8 +264,7 @@ class Executor:
             stats.errors += 1
             raise
         except Exception as exc:
-            stats.errors += 1
-            raise NodeError(self.plan.name, plan_node.name, exc) from exc
+            raise self._failed(index, exc, ctx) from exc
         finally:
             stats.total.add(self.clock.now_ns() - start)
 
@@ -364,15 +376,7 @@ class Executor:
                 ctx.trace.append(span)
             raise
         except Exception as exc:
-            stats.errors += 1
-            error = NodeError(self.plan.name, plan_node.name, exc)
-            stats.last_error = error.detail
-            self._failures(
-                logging.WARNING,
-                "node failed: %s",
-                error.detail,
-                extra={"request_id": ctx.request_id, "graph": self.plan.name, "node": plan_node.name},
-            )
+            error = self._failed(index, exc, ctx)
             if span is not None and ctx.trace is not None:
                 span.end_ns, span.error = clock.now_ns(), error.detail
                 ctx.trace.append(span)
@@ -385,6 +389,26 @@ class Executor:
             span.end_ns = end
             ctx.trace.append(span)
         return outputs
+
+    def _failed(self, index: int, exc: Exception, ctx: Context) -> NodeError:
+        """The error of node ``index`` that raised ``exc``: counted, logged (rate-limited, with
+        the traceback of the node's own code when it raised from there) and named."""
+        node = self.plan.nodes[index].name
+        stats = self.stats[index]
+        stats.errors += 1
+        shown = ""
+        if self.error_traceback and _from_code(exc):
+            shown = code_traceback(exc)
+        error = NodeError(self.plan.name, node, exc, shown)
+        stats.last_error = error.detail
+        self._failures(
+            logging.WARNING,
+            "node failed: %s%s",
+            error.detail,
+            _LoggedTraceback(exc),
+            extra={"request_id": ctx.request_id, "graph": self.plan.name, "node": node},
+        )
+        return error
 
     async def _call_by_deadline(self, node: Node, inputs: TensorMap, ctx: Context, now_ns: int) -> TensorMap:
         """Await the node, but no longer than the request's deadline (its ``timeout``): past it
@@ -474,6 +498,24 @@ class Executor:
                 self.plan.name,
                 problem,
             )
+
+
+def _from_code(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a node's own code (a user's Python), not by flowserve."""
+    return not isinstance(exc, FlowserveError) and bool(code_location(exc))
+
+
+class _LoggedTraceback:
+    """The traceback of a node's own code, formatted only when the log line is written (a
+    flood of failures costs no formatting for the lines the rate limit leaves out)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __str__(self) -> str:
+        return "\n" + code_traceback(self.exc) if _from_code(self.exc) else ""
 
 
 def _abandoned(ctx: Context, doing: str) -> Unavailable:
