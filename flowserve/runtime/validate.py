@@ -1,9 +1,15 @@
 """Check a request's tensors against a plan's inputs before anything runs.
 
 Messages follow Triton's wording where it has one, and always name the model and the tensor.
+An unknown input is refused by its name before the count is checked (Triton checks the count
+first, so a request with all required inputs and one unknown gets "expected 2 inputs but got 3"
+there; here it gets "unexpected inference input 'X'"), and a request without a required input
+is refused even when its count is within the range (Triton lets that one reach the backend).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -26,10 +32,7 @@ def validate_inputs(plan: Plan, inputs: TensorMap) -> int:
             )
     missing = [k for k, t in expected.items() if not t.optional and k not in inputs]
     if missing:
-        raise InvalidArgument(
-            f"expected {len(expected)} inputs but got {len(inputs)} inputs for model '{name}'; "
-            f"missing: {', '.join(missing)}"
-        )
+        raise InvalidArgument(input_count_error(plan, inputs, missing))
     max_batch = plan.max_batch_size
     batch = -1
     for key, array in inputs.items():
@@ -65,6 +68,24 @@ def validate_inputs(plan: Plan, inputs: TensorMap) -> int:
                 )
             batch = rows
     return max(batch, 1)
+
+
+def input_count_error(plan: Plan, inputs: TensorMap, missing: list[str]) -> str:
+    """Triton's message for a request without all its required inputs (core's
+    ValidateRequestInputs): the count expected, a range when the model has optional inputs."""
+    total = len(plan.inputs)
+    required = sum(1 for t in plan.inputs.values() if not t.optional)
+    expected = f"{total} inputs" if required == total else f"number of inputs between {required} and {total}"
+    return (
+        f"expected {expected} but got {len(inputs)} inputs for model '{plan.name}'. "
+        f"Got input(s) {_names(inputs)}, but missing required input(s) {_names(missing)}. "
+        "Please provide all required input(s)."
+    )
+
+
+def _names(names: Iterable[str]) -> str:
+    """``['A','B']``: a list of names as Triton writes it."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
 class InputValidator:

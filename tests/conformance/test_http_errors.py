@@ -96,7 +96,7 @@ def test_unknown_model_and_version(client: httpclient.InferenceServerClient) -> 
 def test_missing_and_extra_inputs(client: httpclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as err:
         client.infer("simple", client_inputs(("INPUT0", A, "INT32")))
-    expect(err, "400", "'simple'", "missing: INPUT1")
+    expect(err, "400", "'simple'", "missing required input(s) ['INPUT1']")
     with pytest.raises(InferenceServerException) as err:
         client.infer(
             "simple", client_inputs(("INPUT0", A, "INT32"), ("INPUT1", A, "INT32"), ("EXTRA", A, "INT32"))

@@ -226,7 +226,10 @@ async def test_bad_model_next_to_good_ones(tmp_path: Path) -> None:
 async def test_request_validation_messages(bundled: flowserve.Engine) -> None:
     a = pair()["INPUT0"]
     cases = [
-        ({"INPUT0": a}, "expected 2 inputs but got 1 inputs for model 'simple'; missing: INPUT1"),
+        (
+            {"INPUT0": a},
+            "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']",
+        ),
         ({**pair(), "EXTRA": a}, "unexpected inference input 'EXTRA' for model 'simple'"),
         (
             {"INPUT0": a.astype(np.float32), "INPUT1": a},
