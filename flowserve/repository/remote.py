@@ -36,6 +36,15 @@ directory (``--repository-cache-dir``) is not downloaded again after a restart.
 ``s3://host:port/bucket/path`` (an S3-compatible endpoint over http; ``s3://https://host:port/...``
 over https) and ``as://account/container/path``.
 
+**Graphs and node code** come from object storage too (``--graphs s3://bucket/app/graphs``):
+the graph folder is mirrored with the ``nodes/`` folder beside it (``s3://bucket/app/nodes/``),
+as ``<mirror>/graphs/`` and ``<mirror>/nodes/``, the layout of a local checkout, so graphs'
+``python: nodes.x:Class`` import the mirrored code (the repository puts the folder holding a
+graph folder on ``sys.path``). Each graph file is a unit; the whole ``nodes/`` tree is one
+(stable mode: two equal listings of all of it; marker mode: taken as listed, as a model's own
+files are). A node module is imported once per process: changed node code is served after a
+restart (a rolling restart of the pods), changed graphs at the next poll.
+
 fsspec and the filesystem packages are imported only when a remote repository is used
 (``pip install 'flowserve[remote]'``: fsspec and s3fs; gcsfs or adlfs for GCS and Azure).
 """
@@ -193,13 +202,14 @@ def settle_wait(decision: Decision, now: float, mode: str, settle_s: float) -> f
 # ------------------------------------------------------------------------ URLs and filesystems
 
 
-def open_filesystem(url: str) -> tuple[Any, str]:
-    """(fsspec filesystem, root path inside it) for a repository URL, with Triton's forms."""
+def open_filesystem(url: str, what: str = "model repository") -> tuple[Any, str]:
+    """(fsspec filesystem, root path inside it) for a repository URL, with Triton's forms;
+    ``what`` names the URL in errors."""
     try:
         fsspec = importlib.import_module("fsspec")
     except ImportError:
         raise InvalidArgument(
-            f"model repository {url}: remote repositories need fsspec and a filesystem package "
+            f"{what} {url}: remote repositories need fsspec and a filesystem package "
             "(pip install 'flowserve[remote]')"
         ) from None
     scheme, _, rest = url.partition("://")
@@ -215,11 +225,11 @@ def open_filesystem(url: str) -> tuple[Any, str]:
         return fs, str(root).rstrip("/")
     except ImportError as exc:
         raise InvalidArgument(
-            f"model repository {url}: the filesystem package for '{scheme}://' is missing ({exc}); "
+            f"{what} {url}: the filesystem package for '{scheme}://' is missing ({exc}); "
             "pip install 'flowserve[remote]' (s3fs), gcsfs or adlfs"
         ) from None
     except ValueError as exc:
-        raise InvalidArgument(f"model repository {url}: {exc}") from None
+        raise InvalidArgument(f"{what} {url}: {exc}") from None
 
 
 def _azure_options(account: str | None) -> dict[str, Any]:
@@ -279,6 +289,8 @@ class SyncResult:
 class RemoteRepository:
     """One remote repository and its local mirror ``local`` (what the engine scans)."""
 
+    what = "model repository"  # how errors name it
+
     def __init__(
         self,
         url: str,
@@ -301,17 +313,26 @@ class RemoteRepository:
 
     # -------------------------------------------------------------- listing
 
+    # what a mirror lists and how it groups what it lists (RemoteGraphs lists two folders)
+    subtrees: tuple[str, ...] = ("",)
+
+    def group(self, files: Iterable[RemoteFile], dirs: Iterable[str]) -> dict[Unit, Manifest]:
+        return group_units(files, dirs)
+
     def list(self) -> tuple[list[RemoteFile], list[str]]:
-        """Every object (and directory) under the root, relative to it."""
+        """Every object (and directory) under the root's ``subtrees``, relative to the root."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache()  # fsspec caches listings; a poll must see changes
-        try:
-            found = self.fs.find(self.root, withdirs=True, detail=True)
-        except FileNotFoundError:
-            found = {}
-        except Exception as exc:
-            what = f"{type(exc).__name__}: {exc}"
-            raise Unavailable(f"model repository {self.url}: cannot list: {what}") from exc
+        found: dict[str, Any] = {}
+        for sub in self.subtrees:
+            top = "/".join(p for p in (self.root, sub) if p)
+            try:
+                found.update(self.fs.find(top, withdirs=True, detail=True))
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                what = f"{type(exc).__name__}: {exc}"
+                raise Unavailable(f"{self.what} {self.url}: cannot list: {what}") from exc
         prefix = f"{self.root}/" if self.root else ""
         files: list[RemoteFile] = []
         dirs: list[str] = []
@@ -334,7 +355,7 @@ class RemoteRepository:
         """List once and bring every complete unit that changed into the cache (blocking I/O:
         the engine runs it on a thread)."""
         files, dirs = self.list()
-        listed = group_units(files, dirs)
+        listed = self.group(files, dirs)
         now = self.now()
         opts = self.options
         decision = decide(listed, self._cached, self._seen, now, opts.complete, opts.settle_s)
@@ -350,7 +371,7 @@ class RemoteRepository:
             result.removed.append(unit)
         # the mirror holds exactly what the manifest says: a model directory it does not know
         # (removed remotely, or left by an earlier run) goes
-        known = {u[0] for u in self._cached}
+        known = {u[0].split("/")[0] for u in self._cached}
         for path in self.local.iterdir():
             if path.is_dir() and not path.name.startswith(".") and path.name not in known:
                 shutil.rmtree(path, ignore_errors=True)
@@ -396,7 +417,7 @@ class RemoteRepository:
             part.unlink(missing_ok=True)
             if isinstance(exc, Exception):
                 raise Unavailable(
-                    f"model repository {self.url}: cannot fetch {path}: {type(exc).__name__}: {exc}"
+                    f"{self.what} {self.url}: cannot fetch {path}: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
 
@@ -440,6 +461,71 @@ class RemoteRepository:
         tmp.replace(self.local / MANIFEST)
 
 
+NODES = "nodes"
+
+
+class RemoteGraphs(RemoteRepository):
+    """A graph folder in object storage and the node code beside it: ``<parent>/<folder>/``
+    and ``<parent>/nodes/``, mirrored as ``local/<folder>/`` and ``local/nodes/`` (the engine
+    scans :attr:`graph_dir` and imports ``nodes`` from ``local``). Units: each graph file, and
+    the whole ``nodes/`` tree (hidden files are left out)."""
+
+    what = "graph folder"
+
+    def __init__(
+        self,
+        url: str,
+        local: Path,
+        options: RemoteOptions,
+        now: Callable[[], float] = time.monotonic,
+        fs: Any = None,
+        root: str | None = None,
+    ) -> None:
+        if fs is None:
+            fs, root = open_filesystem(url, self.what)
+        parent, _, folder = (root or "").rstrip("/").rpartition("/")
+        if not parent.strip("/") or not folder:
+            raise InvalidArgument(
+                f"graph folder {url}: give a folder inside the bucket (s3://bucket/graphs), not its "
+                f"root: the node code is read from the folder '{NODES}/' beside it"
+            )
+        if folder == NODES:
+            raise InvalidArgument(f"graph folder {url}: '{NODES}/' holds the node code, not graphs")
+        self.folder = folder
+        self.subtrees = (folder, NODES)
+        super().__init__(url, local, options, now, fs, parent)
+        # exists before the engine puts it on sys.path (an import system caches a missing folder)
+        self.local.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def graph_dir(self) -> Path:
+        return self.local / self.folder
+
+    def group(self, files: Iterable[RemoteFile], dirs: Iterable[str]) -> dict[Unit, Manifest]:
+        out: dict[Unit, set[RemoteFile]] = {}
+        for file in files:
+            parts = file.path.split("/")
+            if len(parts) < 2 or any(p.startswith(".") for p in parts):
+                continue
+            unit = (file.path, "") if parts[0] == self.folder else (NODES, "")
+            out.setdefault(unit, set()).add(file)
+        return {u: frozenset(f) for u, f in out.items()}
+
+    def sync(self) -> SyncResult:
+        result = super().sync()
+        if any(u[0] == NODES for u in result.applied):
+            importlib.invalidate_caches()  # new modules under nodes/ are found
+            if not (self.local / NODES / "__init__.py").is_file():
+                log.warning(
+                    "graph folder %s: the node code beside it has no %s/__init__.py, so another "
+                    "'%s' package on the path may be imported instead",
+                    self.url,
+                    NODES,
+                    NODES,
+                )
+        return result
+
+
 def _units(units: Sequence[Unit]) -> str:
     return ", ".join(f"{m}/{v}" if v else f"{m}/*" for m, v in units) or "nothing"
 
@@ -453,21 +539,32 @@ def _slug(url: str) -> str:
 
 
 class RemoteRepositories:
-    """The engine's remote repositories under one cache root."""
+    """The engine's remote repositories (and remote graph folders) under one cache root."""
 
-    def __init__(self, urls: Sequence[str], options: RemoteOptions, now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        options: RemoteOptions,
+        now: Callable[[], float],
+        graph_urls: Sequence[str] = (),
+    ) -> None:
         self.options = options
-        self._temporary = options.cache_dir is None and bool(urls)
+        self._temporary = options.cache_dir is None and bool(urls or graph_urls)
         if options.cache_dir is not None:
             self.root = Path(options.cache_dir)
-        elif urls:
+        elif urls or graph_urls:
             self.root = Path(tempfile.mkdtemp(prefix="flowserve-repository-cache-"))
         else:
             self.root = Path()
         self.repos: list[RemoteRepository] = []
+        self.graphs: list[RemoteGraphs] = []
         try:
             for url in urls:
                 self.repos.append(RemoteRepository(url, self.root / _slug(url), options, now))
+            for url in graph_urls:
+                mirror = RemoteGraphs(url, self.root / f"graphs-{_slug(url)}", options, now)
+                self.graphs.append(mirror)
+                self.repos.append(mirror)
         except BaseException:
             self.close()
             raise
@@ -495,11 +592,28 @@ def resolve_repositories(
 ) -> tuple[list[Path], RemoteRepositories]:
     """Local paths for every repository source, in order (a URL: its cache directory), and
     the remote ones."""
-    items = list(sources)
-    remote = RemoteRepositories([str(s) for s in items if is_remote(s)], options, now)
-    mirrors = iter(remote.repos)
-    paths = [next(mirrors).local if is_remote(s) else Path(s) for s in items]
+    paths, _, remote = resolve_sources(sources, (), options, now)
     return paths, remote
+
+
+def resolve_sources(
+    repositories: Iterable[str | Path],
+    graphs: Iterable[str | Path],
+    options: RemoteOptions,
+    now: Callable[[], float],
+) -> tuple[list[Path], list[Path], RemoteRepositories]:
+    """Local paths for every repository and graph folder, in order (a URL: its mirror; a
+    graph folder URL: the mirrored graph folder, its ``nodes/`` beside it), and the remote
+    ones."""
+    repos, folders = list(repositories), list(graphs)
+    remote = RemoteRepositories(
+        [str(s) for s in repos if is_remote(s)], options, now, [str(s) for s in folders if is_remote(s)]
+    )
+    mirrors = iter(remote.repos)
+    repo_paths = [next(mirrors).local if is_remote(s) else Path(s) for s in repos]
+    graph_mirrors = iter(remote.graphs)
+    graph_paths = [next(graph_mirrors).graph_dir if is_remote(s) else Path(s) for s in folders]
+    return repo_paths, graph_paths, remote
 
 
 __all__ = [
@@ -508,6 +622,7 @@ __all__ = [
     "DEFAULT_SETTLE_S",
     "Decision",
     "RemoteFile",
+    "RemoteGraphs",
     "RemoteOptions",
     "RemoteRepositories",
     "RemoteRepository",
@@ -517,6 +632,7 @@ __all__ = [
     "is_remote",
     "open_filesystem",
     "resolve_repositories",
+    "resolve_sources",
     "settle_wait",
     "unit_of",
 ]
