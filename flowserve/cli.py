@@ -149,6 +149,15 @@ def _repositories(args: argparse.Namespace, repos: list[Path]) -> list[Path | st
     return [p if is_remote(p) else Path(p) for p in args.model_repository]
 
 
+def _graph_folders(args: argparse.Namespace, graphs: list[Path]) -> list[Path | str]:
+    """The graph folders to serve: a URL stays a string (mirrored with the nodes/ beside it)."""
+    from flowserve.repository.remote import is_remote
+
+    if not args.graphs:
+        return list(graphs)
+    return [p if is_remote(p) else Path(p) for p in args.graphs]
+
+
 def _remote_and_rate_limits(args: argparse.Namespace) -> tuple[RemoteOptions, list[ResourceLimit]]:
     from flowserve.nodes.ratelimit import parse_resource_limit
     from flowserve.repository.remote import RemoteOptions
@@ -235,13 +244,13 @@ def _workers(text: str) -> int:
     return count
 
 
-def _unreadable_sources(args: argparse.Namespace, graphs: list[Path]) -> str | None:
+def _unreadable_sources(args: argparse.Namespace, graphs: list[Path | str]) -> str | None:
     """The first repository or graph folder given that cannot be served (missing, not a
     directory, unreadable), as one line naming it; None when all can be read."""
     from flowserve.repository.remote import is_remote
 
     given = [("--model-repository", p) for p in args.model_repository or [] if not is_remote(p)]
-    given += [("--graphs", str(p)) for p in graphs]
+    given += [("--graphs", str(p)) for p in graphs if not is_remote(p)]
     for flag, text in given:
         path = Path(text)
         if not path.exists():
@@ -267,7 +276,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    repos, graphs = _sources(args)
+    repos, local_graphs = _sources(args)
+    graphs = _graph_folders(args, local_graphs)
     problem = _unreadable_sources(args, graphs)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -445,7 +455,10 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "--graphs: ./model_repository and ./graphs, where present",
     )
     serve.add_argument(
-        "--graphs", action="append", metavar="DIR", help="a folder of YAML graphs (repeatable)"
+        "--graphs",
+        action="append",
+        metavar="DIR",
+        help="a folder of YAML graphs (repeatable; s3://, gs://, az:// too, with the nodes/ beside it)",
     )
     serve.add_argument(
         "--workers",

@@ -44,7 +44,7 @@ ENV_PREFIX = "FLOWSERVE_"
 @dataclass
 class Settings:
     model_repositories: list[Path | str] = field(default_factory=list)  # str: a URL (s3://...)
-    graph_dirs: list[Path] = field(default_factory=list)
+    graph_dirs: list[Path | str] = field(default_factory=list)  # str: a URL (s3://...)
     # control mode, poll interval, response cache, load threads, inline threshold, remote mirrors
     repository: RepositorySettings = field(default_factory=RepositorySettings)
     # worker processes (--workers; flowserve/cluster/): 1 is one process, as before

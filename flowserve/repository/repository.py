@@ -39,7 +39,7 @@ from flowserve.nodes.remote import has_remote_nodes, waiting_for_remote
 from flowserve.nodes.warmup import warm_up_graph
 from flowserve.repository.control import ControlLink
 from flowserve.repository.placement import Placement
-from flowserve.repository.remote import resolve_repositories
+from flowserve.repository.remote import resolve_sources
 from flowserve.repository.settings import RepositorySettings
 from flowserve.runtime.cache import ResponseCache
 from flowserve.runtime.executor import Executor
@@ -55,14 +55,6 @@ from flowserve.spec.triton import config_from_graph, parse_config_json
 log = logging.getLogger("flowserve")
 
 PathLike = str | Path
-
-
-def _paths(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
-    if value is None:
-        return []
-    if isinstance(value, str | Path):
-        return [Path(value)]
-    return [Path(v) for v in value]
 
 
 def scan_all(repositories: Iterable[Path], graph_dirs: Iterable[Path]) -> Scan:
@@ -102,10 +94,12 @@ class Repository:
         # with several workers: which models load here, and how the others are reached
         self.placement = placement
         self.clock = clock
-        # a repository URL (s3://...) is served from its local mirror (repository/remote.py)
+        # a repository or graph folder URL (s3://...) is served from its local mirror, a graph
+        # folder's with the nodes/ beside it (repository/remote.py)
         sources = [model_repository] if isinstance(model_repository, str | Path) else model_repository or []
-        self.repositories, self.remote = resolve_repositories(
-            sources, settings.remote, lambda: self.clock.now_ns() / 1e9
+        folders = [graphs] if isinstance(graphs, str | Path) else graphs or []
+        self.repositories, self.graph_dirs, self.remote = resolve_sources(
+            sources, folders, settings.remote, lambda: self.clock.now_ns() / 1e9
         )
         # Triton's rate limiter (nodes/ratelimit.py); None: off
         self.rate_limiter = rate_limiter
@@ -119,7 +113,6 @@ class Repository:
             self.control,
             ray_address=settings.ray_address,
         )
-        self.graph_dirs = _paths(graphs)
         self.cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes > 0 else None
         self.registry = Registry()
         self.registry.listing = self.listing
