@@ -1,0 +1,205 @@
+"""The transformers engine: continuous batching with paged attention (transformers 5.x
+``ContinuousBatchingManager``), on the CPU or a GPU.
+
+The manager runs its own generation thread; requests join and leave its running batch at
+every step. Each request's outputs come back through a result handler that the manager calls on
+the event loop (``call_soon_threadsafe``), so nothing here blocks the loop or polls. Sampling
+parameters are per request (``per_request_processors``): temperature, top-p and top-k; a
+temperature of 0 is greedy (top-k 1). The seed is the engine's (``seed`` in model.json): this
+engine has no per-request seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
+from flowserve.nodes.backends._support import require
+from flowserve.nodes.llm.engine import EngineLoad, Sampling, Tokenizer, Tokens
+from flowserve.nodes.llm.params import EngineConfig
+
+log = logging.getLogger("flowserve.llm")
+
+# CPU defaults (a GPU's are inferred by transformers from its free memory): tokens the KV cache
+# holds across all sequences, its page size, and tokens per forward pass
+CPU_CACHE_TOKENS = 8192
+CPU_PAGE_SIZE = 32
+CPU_MAX_BATCH_TOKENS = 512
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, model: str, config: EngineConfig) -> None:
+        self.model_name = model
+        self.config = config
+        self.tokenizer: Tokenizer = _NoTokenizer()
+        self._manager: Any = None
+        self._model: Any = None
+        self.vocab_size = 0
+        self.eos: list[int] = []
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        args = self.config.args
+        torch = require("torch", self.model_name, "llm (transformers engine)", "llm")
+        transformers = require("transformers", self.model_name, "llm (transformers engine)", "llm")
+        cb_config_class = transformers.generation.configuration_utils.ContinuousBatchingConfig
+        source = args["model"]
+        device = str(args.get("device", "auto"))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        common: dict[str, Any] = {"local_files_only": True}
+        if args.get("gguf_file"):
+            common["gguf_file"] = args["gguf_file"]
+        if args.get("trust_remote_code"):
+            common["trust_remote_code"] = True
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(args.get("tokenizer", source), **common)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                source, dtype=_dtype(torch, args.get("dtype", "auto"), device), **common
+            )
+        except OSError as exc:  # not a local path, not in the local cache: never downloaded here
+            raise Unavailable(
+                f"model '{self.model_name}': cannot load '{source}' from local files ({exc}); flowserve "
+                "never downloads a model at run time: give a local path in model.json 'model'"
+            ) from None
+        model = model.to(device)
+        self.tokenizer = tokenizer
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.eos = _eos_ids(model, tokenizer)
+        cb_args: dict[str, Any] = {"per_request_processors": True, "seed": args.get("seed")}
+        if device == "cpu":
+            page = int(args.get("page_size", CPU_PAGE_SIZE))
+            cb_args.update(
+                page_size=page,
+                num_blocks=int(args.get("num_blocks", max(CPU_CACHE_TOKENS // page, 4))),
+                max_batch_tokens=int(args.get("max_batch_tokens", CPU_MAX_BATCH_TOKENS)),
+                use_cuda_graph=False,
+            )
+        for key in ("page_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch"):
+            if key in args:
+                cb_args[key] = int(args[key])
+        # the base config only decides which per-request processors exist: every request then
+        # passes its own temperature, top_p and top_k (values here must not be neutral, or the
+        # processor is not created)
+        generation = transformers.GenerationConfig(
+            do_sample=True, temperature=0.5, top_p=0.5, top_k=2, eos_token_id=self.eos or None
+        )
+        manager = model.init_continuous_batching(
+            generation_config=generation,
+            continuous_batching_config=cb_config_class(**cb_args),
+        )
+        manager.start()
+        self._model = model
+        self._manager = manager
+
+    async def stop(self) -> None:
+        manager, self._manager = self._manager, None
+        if manager is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(manager.stop, True, 5.0)
+
+    def load(self) -> EngineLoad:
+        manager = self._manager
+        processor = getattr(manager, "batch_processor", None)
+        if processor is None:
+            return EngineLoad()
+        try:
+            scheduler = processor.scheduler
+            used = 1.0 - float(processor.cache.compute_free_capacity())
+            return EngineLoad(len(scheduler.active_requests), len(scheduler.waiting_requests), used)
+        except Exception:  # read from another thread while it changes: skip this reading
+            return EngineLoad()
+
+    def _sampler_kwargs(self, s: Sampling) -> dict[str, Any]:
+        if s.temperature == 0:
+            return {"temperature": 1.0, "top_p": 1.0, "top_k": 1}
+        top_k = s.top_k if s.top_k > 0 else self.vocab_size
+        return {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(top_k)}
+
+    async def generate(
+        self, request_id: str, prompt: Sequence[int], sampling: Sampling
+    ) -> AsyncGenerator[Tokens, None]:
+        manager = self._manager
+        if manager is None:
+            raise Unavailable(f"model '{self.model_name}': the engine is not running")
+        fatal = manager.background_thread_status.fatal_error
+        if fatal is not None:
+            raise Unavailable(f"model '{self.model_name}': the engine failed: {fatal}")
+        if not prompt:
+            raise InvalidArgument(f"model '{self.model_name}': the prompt is empty (no tokens)")
+        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        manager.register_result_handler(request_id, outputs.put_nowait)
+        finished = False
+        try:
+            added = manager.add_request(
+                list(prompt),
+                request_id=request_id,
+                max_new_tokens=sampling.max_tokens,
+                streaming=True,
+                eos_token_id=-1 if sampling.ignore_eos else None,
+                **self._sampler_kwargs(sampling),
+            )
+            if added is None:
+                raise Unavailable(f"model '{self.model_name}': the engine is not accepting requests")
+            sent = 0
+            while not finished:
+                out = await outputs.get()
+                if out.error is not None:
+                    finished = True
+                    raise InternalError(f"model '{self.model_name}': generation failed: {out.error}")
+                ids = out.generated_tokens
+                new, sent = ids[sent:], len(ids)
+                finished = out.is_finished()
+                reason = None
+                if finished:
+                    reason = "length" if len(ids) >= sampling.max_tokens else "stop"
+                    if reason == "stop" and ids and ids[-1] in self.eos:
+                        new = new[:-1]  # the end-of-sequence token is no output
+                yield Tokens(new, finished, reason)
+        finally:
+            if not finished:  # cancelled: its sequence and KV blocks go at the next step
+                manager.cancel_request(request_id)
+                router = manager.output_router
+                with router._lock:
+                    router.result_handlers.pop(request_id, None)
+
+
+def _dtype(torch: Any, name: Any, device: str) -> Any:
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, torch.dtype):
+        raise InvalidArgument(f"model.json 'dtype' '{name}' is not a torch dtype")
+    return value
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    found: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in found:
+                found.append(v)
+    return found
+
+
+class _NoTokenizer:
+    """Before the engine loaded."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise Unavailable("the engine is not loaded")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        raise Unavailable("the engine is not loaded")
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        raise Unavailable("the engine is not loaded")
