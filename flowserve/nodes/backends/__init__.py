@@ -34,6 +34,9 @@ BACKENDS: dict[str, str] = {
     "fil": "flowserve.nodes.backends.fil:FilBackend",
     "tensorflow": "flowserve.nodes.backends.tensorflow:TensorFlowBackend",
     "openvino": "flowserve.nodes.backends.openvino:OpenVinoBackend",
+    # generation (LLM) nodes: Triton's vLLM model layout, on vLLM or transformers (nodes/llm/)
+    "vllm": "flowserve.nodes.llm.backend:LlmBackend",
+    "llm": "flowserve.nodes.llm.backend:LlmBackend",
 }
 
 
@@ -58,6 +61,8 @@ AUTOCOMPLETE: dict[str, AutoComplete] = {
     "python": python_autocomplete,
     "tensorflow": _lazy_hook(f"{_HOOKS}.tensorflow:savedmodel_autocomplete"),
     "openvino": _lazy_hook(f"{_HOOKS}.openvino:openvino_autocomplete"),
+    "vllm": _lazy_hook("flowserve.nodes.llm.backend:llm_autocomplete"),
+    "llm": _lazy_hook("flowserve.nodes.llm.backend:llm_autocomplete"),
 }
 
 
