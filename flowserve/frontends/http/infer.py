@@ -155,7 +155,8 @@ def _request_parameters(raw: Any, model: str, plan: ResponsePlan) -> dict[str, A
     for key, value in raw.items():
         if key.startswith("triton_"):
             raise InvalidArgument(
-                f"parameter '{key}': keys starting with 'triton_' are reserved and may not be sent"
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                f"not be specified. (got '{key}')"
             )
         if key == "binary_data_output":
             if not isinstance(value, bool):
