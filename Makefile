@@ -1,5 +1,5 @@
 # The two quick-start commands: `make serve` (install + serve the bundled content) and
-# `make test` (install + lint + type-check + tests; CI runs exactly this through .ci/run).
+# `make test` (install + lint + type-check + docs site + tests; CI runs exactly this through .ci/run).
 # Python 3.11 or newer: PY=python3.12 make serve picks another interpreter.
 PY ?= python3
 VENV ?= .venv
@@ -9,14 +9,14 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-.PHONY: install install-test system-packages test-emulators serve test lint
+.PHONY: install install-test system-packages test-emulators serve test lint docs
 # flowserve with the CPU frameworks the bundled models need (ONNX Runtime, torch, treelite and
 # xgboost, DALI) and tritonclient's HTTP client for the README's snippet
 install: $(BIN)/python
 	$(BIN)/pip install -q -e '.[bundled]'
 
 install-test: $(BIN)/python system-packages test-emulators
-	$(BIN)/pip install -q -e '.[test,all]'
+	$(BIN)/pip install -q -e '.[test,all,docs]'
 
 # graphviz renders graphs; chromium drives the UI browser test. Best effort: without them (or
 # without root) those tests skip and say why.
@@ -40,7 +40,12 @@ lint:
 	$(BIN)/ruff check flowserve nodes tests benchmarks
 	$(BIN)/mypy
 
-test: install-test lint
+# the documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link, anchor,
+# included file or a page missing from the nav fails the build
+docs:
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: install-test lint docs
 	$(BIN)/python benchmarks/perf_analyzer_setup.py || echo "perf_analyzer unavailable: its tests will skip"
 	$(BIN)/python benchmarks/triton_setup.py || echo "Triton 2.51 unavailable: tests/nodes/test_remote_triton.py will skip"
 	$(BIN)/python -m pytest -q
