@@ -4,7 +4,9 @@ Checks: every reference names a graph input or an existing node output; node inp
 what the node accepts; datatypes and shapes agree along every edge; the graph is acyclic
 (the cycle is printed); every node's outputs and every graph input are used; every graph
 output is produced and typed. All problems are returned together, each naming file, node and
-field. Node signatures come from an injected resolver, so this module imports no node kind.
+field; a misspelled name gets a "did you mean" and is one error, not a cascade of follow-ups
+(what it leaves unwired or unused is not reported again). Node signatures come from an injected
+resolver, so this module imports no node kind.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import networkx as nx
 from flowserve.core.errors import FlowserveError, SpecError, SpecIssue
 from flowserve.graph.plan import Plan, PlanNode, PlanOutput, Signature
 from flowserve.spec.schema import GraphOutput, GraphSpec, NodeSpec, Ref, TensorSpec
+from flowserve.spec.suggest import closest, did_you_mean
 
 SignatureResolver = Callable[[NodeSpec], Signature]
 
@@ -58,38 +61,32 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
         if ref.key in known:
             return True
         if ref.node is None:
-            issue(f"graph has no input '{ref.tensor}' (inputs: {_names(spec.inputs)})", node, field)
+            hint = did_you_mean(ref.tensor, spec.inputs, "$")
+            issue(f"graph has no input '{ref.tensor}'{hint} (inputs: {_names(spec.inputs)})", node, field)
         elif ref.node not in spec.nodes:
-            issue(f"references unknown node '{ref.node}'", node, field)
+            issue(f"references unknown node '{ref.node}'{did_you_mean(ref.node, spec.nodes)}", node, field)
         elif ref.node in signatures:
-            outs = _names(signatures[ref.node].outputs)
-            issue(f"node '{ref.node}' has no output '{ref.tensor}' (outputs: {outs})", node, field)
+            outs = signatures[ref.node].outputs
+            hint = did_you_mean(ref.tensor, outs)
+            issue(
+                f"node '{ref.node}' has no output '{ref.tensor}'{hint} (outputs: {_names(outs)})", node, field
+            )
+        # a node whose signature failed is already reported: nothing more about it here
         return False
 
     dag = nx.DiGraph()
     dag.add_nodes_from(spec.nodes)
-    used: set[str] = set()
     for node in spec.nodes.values():
         if node.name not in signatures:
             continue
         sig = signatures[node.name]
-        if sig.inputs is not None:
-            for missing in sorted(set(sig.inputs) - set(node.inputs) - sig.optional):
-                issue(f"required input '{missing}' is not wired", node.name, f"inputs.{missing}")
-        for in_name, binding in node.inputs.items():
+        wired = _check_wiring(node, sig, issue)
+        for in_name in wired:
             field = f"inputs.{in_name}"
-            if sig.inputs is not None and in_name not in sig.inputs:
-                issue(
-                    f"'{node.target or node.kind}' has no input '{in_name}' (inputs: {_names(sig.inputs)})",
-                    node.name,
-                    field,
-                )
-                continue
             want = sig.inputs.get(in_name) if sig.inputs is not None else None
-            for ref in binding:
+            for ref in node.inputs[in_name]:
                 if not check_ref(ref, node.name, field):
                     continue
-                used.add(ref.key)
                 if ref.node is not None:
                     dag.add_edge(ref.node, node.name)
                 _check_edge(known[ref.key], want, ref, issue, node.name, field)
@@ -98,7 +95,6 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
     for gout in spec.outputs.values():
         field = f"outputs.{gout.name}"
         producers = [known[r.key] for r in gout.source if check_ref(r, None, field)]
-        used.update(r.key for r in gout.source)
         tensor = _output_type(gout, producers, spec.max_batch_size)
         if tensor is None:
             if len(producers) == len(gout.source):
@@ -116,16 +112,51 @@ def compile_graph(spec: GraphSpec, resolve: SignatureResolver) -> Plan:
         issue(f"cycle: {path}", cycle[0][0], "inputs")
     except nx.NetworkXNoCycle:
         pass
+    # used means named by some reference, even a broken one (that one is reported already): a
+    # typo is one error, not one more for each thing it leaves unused
+    refs = [r for n in spec.nodes.values() for b in n.inputs.values() for r in b]
+    refs += [r for o in spec.outputs.values() for r in o.source]
+    used_inputs = {r.tensor for r in refs if r.node is None}
+    used_nodes = {r.node for r in refs if r.node is not None}
+    # and a misspelled name (reported with its 'did you mean') counts for the name it was meant to be
+    used_inputs.update(*(closest(n, spec.inputs) for n in used_inputs - set(spec.inputs)))
+    used_nodes.update(*(closest(n, spec.nodes) for n in used_nodes - set(spec.nodes)))
     for name in spec.inputs:
-        if f"${name}" not in used:
+        if name not in used_inputs:
             issue(f"graph input '{name}' is used by no node and no output", None, f"inputs.{name}")
     for name, sig in signatures.items():
-        if sig.outputs and not any(f"{name}.{o}" in used for o in sig.outputs):
+        if sig.outputs and name not in used_nodes:
             issue(f"no node or graph output uses any output of node '{name}'", name, "outputs")
 
     if issues:
         raise SpecError(issues)
     return _build(spec, dag, signatures, inputs, outputs)
+
+
+def _check_wiring(
+    node: NodeSpec, sig: Signature, issue: Callable[[str, str | None, str | None], None]
+) -> list[str]:
+    """Report the node's inputs that its target does not have and the required ones not wired;
+    returns the wired inputs that exist. A misspelled input is one error: the required input it
+    was meant to be is not reported missing as well."""
+    if sig.inputs is None:
+        return list(node.inputs)
+    missing = set(sig.inputs) - set(node.inputs) - sig.optional
+    free = [n for n in sig.inputs if n not in node.inputs]
+    for in_name in node.inputs:
+        if in_name in sig.inputs:
+            continue
+        meant = closest(in_name, free)
+        hint = f" (did you mean '{meant[0]}'?)" if meant else ""
+        missing.difference_update(meant)
+        issue(
+            f"'{node.target or node.kind}' has no input '{in_name}'{hint} (inputs: {_names(sig.inputs)})",
+            node.name,
+            f"inputs.{in_name}",
+        )
+    for name in sorted(missing):
+        issue(f"required input '{name}' is not wired", node.name, f"inputs.{name}")
+    return [n for n in node.inputs if n in sig.inputs]
 
 
 def _output_type(

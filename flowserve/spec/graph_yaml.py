@@ -48,7 +48,7 @@ import yaml
 from flowserve.core.datatypes import DATATYPES
 from flowserve.core.errors import SpecError
 from flowserve.spec.bounds import BOUNDS, out_of_bounds
-from flowserve.spec.kinds import KINDS, YAML_KINDS, Issues, parse_ref
+from flowserve.spec.kinds import KINDS, YAML_KINDS, Issues, parse_ref, unknown_keys
 from flowserve.spec.rayspec import KIND_RAY, ray_from_yaml
 from flowserve.spec.schema import (
     BatchingSpec,
@@ -60,6 +60,7 @@ from flowserve.spec.schema import (
     QueuePolicy,
     TensorSpec,
 )
+from flowserve.spec.suggest import did_you_mean
 from flowserve.spec.warmup import warmup_from_yaml
 
 _GRAPH_KEYS = {
@@ -103,8 +104,7 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: Issues) -> Gra
     if not isinstance(doc, dict):
         issues.add("a graph file must be a mapping with inputs, outputs and nodes")
         return None
-    for key in sorted(set(doc) - _GRAPH_KEYS):
-        issues.add(f"unknown key (expected one of {sorted(_GRAPH_KEYS)})", field=str(key))
+    meant = unknown_keys(doc, sorted(_GRAPH_KEYS), issues, None, None)
     name = doc.get("name", default_name)
     if not isinstance(name, str) or not name or "/" in name:
         issues.add(f"graph name must be a non-empty string without '/', got {name!r}", field="name")
@@ -112,17 +112,19 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: Issues) -> Gra
     max_batch = _bounded(doc.get("max_batch_size", 0), "max_batch_size", issues, None, "max_batch_size")
     if max_batch is None:
         max_batch = 0
-    inputs = _parse_inputs(doc.get("inputs"), issues)
+    # a key misspelled at the top (reported above) is not reported missing as well
+    inputs = {} if "inputs" in meant else _parse_inputs(doc.get("inputs"), issues)
     nodes: dict[str, NodeSpec] = {}
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, dict) or not raw_nodes:
-        issues.add("must be a non-empty mapping of node name to node", field="nodes")
+        if "nodes" not in meant:
+            issues.add("must be a non-empty mapping of node name to node", field="nodes")
     else:
         for node_name, raw in raw_nodes.items():
-            node = _parse_node(str(node_name), raw, issues)
+            node = _parse_node(str(node_name), raw, issues, inputs)
             if node is not None:
                 nodes[node.name] = node
-    outputs = _parse_outputs(doc.get("outputs"), issues)
+    outputs = {} if "outputs" in meant else _parse_outputs(doc.get("outputs"), issues, inputs)
     warmup = warmup_from_yaml(
         doc.get("warmup"), Path(source).parent, inputs, max_batch, lambda m, f: issues.add(m, field=f)
     )
@@ -139,13 +141,17 @@ def parse_graph(doc: Any, default_name: str, source: str, issues: Issues) -> Gra
     )
 
 
-def _parse_binding(raw: Any, issues: Issues, node: str | None, field: str) -> Binding | None:
+def _parse_binding(
+    raw: Any, issues: Issues, node: str | None, field: str, inputs: dict[str, TensorSpec]
+) -> Binding | None:
     items = raw if isinstance(raw, list) else [raw]
     refs = []
     for item in items:
         ref = parse_ref(item)
         if ref is None:
-            issues.add(f"{item!r} is not a tensor reference ('$input' or 'node.tensor')", node, field)
+            # a graph input named without its '$' is the likely slip
+            hint = f" (did you mean '${item}'?)" if isinstance(item, str) and item in inputs else ""
+            issues.add(f"{item!r} is not a tensor reference ('$input' or 'node.tensor'){hint}", node, field)
             return None
         refs.append(ref)
     if not refs:
@@ -158,17 +164,23 @@ def _parse_tensor(name: str, raw: Any, issues: Issues, node: str | None, field: 
     if not isinstance(raw, dict):
         issues.add("must be a mapping with datatype and dims", node, field)
         return None
+    meant = unknown_keys(raw, ("datatype", "dims", "optional"), issues, node, field)
     datatype = raw.get("datatype")
     if datatype not in DATATYPES:
-        issues.add(f"datatype must be one of {sorted(DATATYPES)}, got {datatype!r}", node, field)
+        if "datatype" not in meant:
+            issues.add(_datatype_problem(datatype), node, field)
+        return None
+    if "dims" in meant:
         return None
     dims = _parse_dims(raw.get("dims"), issues, node, f"{field}.dims")
     if dims is None:
         return None
-    unknown = set(raw) - {"datatype", "dims", "optional"}
-    if unknown:
-        issues.add(f"unknown keys {sorted(unknown)}", node, field)
     return TensorSpec(name, cast(str, datatype), dims, optional=bool(raw.get("optional", False)))
+
+
+def _datatype_problem(datatype: Any) -> str:
+    hint = did_you_mean(str(datatype), DATATYPES)
+    return f"datatype must be one of {sorted(DATATYPES)}, got {datatype!r}{hint}"
 
 
 def _parse_dims(raw: Any, issues: Issues, node: str | None, field: str) -> tuple[int, ...] | None:
@@ -213,7 +225,7 @@ def _parse_inputs(raw: Any, issues: Issues) -> dict[str, TensorSpec]:
     return out
 
 
-def _parse_outputs(raw: Any, issues: Issues) -> dict[str, GraphOutput]:
+def _parse_outputs(raw: Any, issues: Issues, inputs: dict[str, TensorSpec]) -> dict[str, GraphOutput]:
     if not isinstance(raw, dict) or not raw:
         issues.add("must be a non-empty mapping of output name to a node output", field="outputs")
         return {}
@@ -227,25 +239,26 @@ def _parse_outputs(raw: Any, issues: Issues) -> dict[str, GraphOutput]:
             source = item.get("from")
             datatype = item.get("datatype")
             if datatype is not None and datatype not in DATATYPES:
-                issues.add(f"datatype must be one of {sorted(DATATYPES)}", field=field)
+                issues.add(_datatype_problem(datatype), field=field)
             if item.get("dims") is not None:
                 dims = _parse_dims(item.get("dims"), issues, None, f"{field}.dims")
-        binding = _parse_binding(source, issues, None, field)
+        binding = _parse_binding(source, issues, None, field, inputs)
         if binding is not None:
             out[str(name)] = GraphOutput(str(name), binding, datatype, dims)
     return out
 
 
-def _parse_node(name: str, raw: Any, issues: Issues) -> NodeSpec | None:
+def _parse_node(name: str, raw: Any, issues: Issues, graph_inputs: dict[str, TensorSpec]) -> NodeSpec | None:
     if "." in name or "$" in name or not name:
         issues.add("node names may not contain '.' or '$'", name, "name")
         return None
     if not isinstance(raw, dict):
         issues.add("a node must be a mapping with one kind key: " + ", ".join(YAML_KINDS), name)
         return None
-    for key in sorted(set(raw) - _NODE_KEYS):
-        issues.add(f"unknown key (expected one of {sorted(_NODE_KEYS)})", name, str(key))
+    meant = unknown_keys(raw, sorted(_NODE_KEYS), issues, name, None)
     kinds = [k for k in YAML_KINDS if k in raw]
+    if not kinds and meant & set(YAML_KINDS):
+        return None  # its kind key is misspelled, which is reported
     if len(kinds) != 1:
         issues.add(f"exactly one kind key expected ({', '.join(YAML_KINDS)}), got {kinds}", name)
         return None
@@ -257,7 +270,7 @@ def _parse_node(name: str, raw: Any, issues: Issues) -> NodeSpec | None:
         issues.add("must be a mapping of node input name to tensor reference", name, "inputs")
     else:
         for in_name, ref in raw_inputs.items():
-            binding = _parse_binding(ref, issues, name, f"inputs.{in_name}")
+            binding = _parse_binding(ref, issues, name, f"inputs.{in_name}", graph_inputs)
             if binding is not None:
                 inputs[str(in_name)] = binding
     parsed = kind.parse(raw[kind.name], inputs, issues, name)
@@ -307,6 +320,13 @@ _BATCHING_NUMBERS = {
     "priority_levels": "priority_levels",
     "default_priority_level": "priority_levels",
 }
+_BATCHING_KEYS = (
+    *_BATCHING_NUMBERS,
+    "preferred_batch_size",
+    "preserve_ordering",
+    "default_queue_policy",
+    "priority_queue_policy",
+)
 # a queue policy: key -> its bound
 _POLICY_NUMBERS = {"default_timeout_us": "queue_timeout_us", "max_queue_size": "max_queue_size"}
 
@@ -314,10 +334,15 @@ _POLICY_NUMBERS = {"default_timeout_us": "queue_timeout_us", "max_queue_size": "
 def _parse_batching(raw: Any, issues: Issues, node: str) -> BatchingSpec | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("max_batch_size"), int):
+    if not isinstance(raw, dict):
         issues.add("must be a mapping with an integer max_batch_size", node, "batching")
         return None
     before = len(issues.items)
+    meant = unknown_keys(raw, _BATCHING_KEYS, issues, node, "batching")
+    if not isinstance(raw.get("max_batch_size"), int):
+        if "max_batch_size" not in meant:
+            issues.add("must be a mapping with an integer max_batch_size", node, "batching")
+        return None
     for key, bound in _BATCHING_NUMBERS.items():
         if key in raw:
             _bounded(raw[key], bound, issues, node, f"batching.{key}")
@@ -367,6 +392,7 @@ def _queue_policy(raw: Any, issues: Issues, node: str, field: str) -> QueuePolic
         issues.add("must be a mapping of queue policy settings", node, field)
         return None
     before = len(issues.items)
+    unknown_keys(raw, (*_POLICY_NUMBERS, "timeout_action", "allow_timeout_override"), issues, node, field)
     for key, bound in _POLICY_NUMBERS.items():
         if key in raw:
             _bounded(raw[key], bound, issues, node, f"{field}.{key}")
@@ -389,8 +415,10 @@ def _parse_instances(raw: Any, issues: Issues, node: str, node_kind: str) -> Ins
         return InstanceSpec()
     count = _bounded(raw.get("count", 1), "instances", issues, node, "instances.count") or 1
     kind = raw.get("kind", "KIND_AUTO")
-    if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL", KIND_RAY):
-        issues.add(f"kind must be KIND_AUTO/CPU/GPU/MODEL/RAY, got {kind!r}", node, "instances.kind")
+    kinds = ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL", KIND_RAY)
+    if kind not in kinds:
+        hint = did_you_mean(str(kind), kinds)
+        issues.add(f"kind must be KIND_AUTO/CPU/GPU/MODEL/RAY, got {kind!r}{hint}", node, "instances.kind")
         kind = "KIND_AUTO"
     if kind != KIND_RAY:
         for key in ("resources", "max_restarts"):

@@ -17,7 +17,7 @@ look), then its ``Builder`` to ``BUILDERS`` in ``flowserve/nodes/kinds.py``. Not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from flowserve.spec.schema import (
     SwitchCase,
     SwitchSpec,
 )
+from flowserve.spec.suggest import closest, did_you_mean
 
 _SWITCH_OPS = {"eq", "ne", "gt", "ge", "lt", "le"}
 
@@ -49,6 +50,30 @@ class Issues:
 
     def add(self, message: str, node: str | None = None, field: str | None = None) -> None:
         self.items.append(SpecIssue(self.file, message, node, field))
+
+
+def unknown_keys(
+    raw: dict[Any, Any], allowed: Iterable[str], issues: Issues, node: str | None, field: str | None
+) -> set[str]:
+    """Report the keys of ``raw`` that are not ``allowed`` with the allowed key each most looks
+    like ("did you mean"), else the list of allowed keys: one issue per key whose field is the
+    key itself when ``field`` is None (a graph's or node's own keys), else one issue at
+    ``field``. Returns the absent allowed keys that a misspelled one was meant to be, so that
+    their absence is not told once more."""
+    allowed = list(allowed)
+    absent = [k for k in allowed if k not in raw]
+    unknown = sorted(str(k) for k in raw if k not in allowed)
+    meant = {key: best[0] for key in unknown if (best := closest(key, absent))}
+    expected = f"expected one of {', '.join(sorted(allowed))}"
+    if field is None:
+        for key in unknown:
+            hint = f"did you mean '{meant[key]}'?" if key in meant else expected
+            issues.add(f"unknown key ({hint})", node, key)
+    elif unknown:
+        hints = [f"did you mean {', '.join(repr(v) for v in meant.values())}?"] if meant else []
+        hints += [expected] if len(meant) < len(unknown) else []
+        issues.add(f"unknown keys {unknown} ({'; '.join(hints)})", node, field)
+    return set(meant.values())
 
 
 def parse_ref(text: Any) -> Ref | None:
@@ -161,14 +186,10 @@ def _parse_switch(raw: Any, issues: Issues, node: str) -> SwitchSpec | None:
     if not isinstance(raw, dict):
         issues.add("must be a mapping with input, cases and optional payload/default", node, "switch")
         return None
-    unknown = set(raw) - {"input", "payload", "cases", "default"}
-    if unknown:
-        issues.add(
-            f"unknown keys {sorted(map(str, unknown))} (expected input, payload, cases, default)",
-            node,
-            "switch",
-        )
+    meant = unknown_keys(raw, ("input", "payload", "cases", "default"), issues, node, "switch")
     on = parse_ref(raw.get("input"))
+    if on is None and "input" in meant:
+        return None
     if on is None:
         issues.add(f"{raw.get('input')!r} is not a tensor reference", node, "switch.input")
         return None
@@ -188,7 +209,8 @@ def _parse_switch(raw: Any, issues: Issues, node: str) -> SwitchSpec | None:
             continue
         op = case.get("op")
         if op not in _SWITCH_OPS:
-            issues.add(f"op must be one of {sorted(_SWITCH_OPS)}, got {op!r}", node, f"{field}.op")
+            hint = did_you_mean(str(op), _SWITCH_OPS)
+            issues.add(f"op must be one of {sorted(_SWITCH_OPS)}, got {op!r}{hint}", node, f"{field}.op")
             continue
         reduce = case.get("reduce", "all")
         if reduce not in ("all", "any"):
@@ -210,10 +232,10 @@ def _parse_target(raw: Any, issues: Issues, node: str, field: str, extra: set[st
     if not isinstance(raw, dict):
         issues.add("must be a mapping with 'model' (and maybe 'version') or 'graph'", node, field)
         return None
-    unknown = set(raw) - {"model", "graph", "version", *extra}
-    if unknown:
-        issues.add(f"unknown keys {sorted(map(str, unknown))}", node, field)
+    meant = unknown_keys(raw, ("model", "graph", "version", *extra), issues, node, field)
     kinds = [k for k in ("model", "graph") if k in raw]
+    if not kinds and meant & {"model", "graph"}:
+        return None
     if len(kinds) != 1 or not isinstance(raw[kinds[0]], str) or not raw[kinds[0]]:
         issues.add("needs exactly one of 'model: NAME' or 'graph: NAME'", node, field)
         return None
@@ -267,15 +289,16 @@ def _parse_split(raw: Any, issues: Issues, node: str) -> SplitSpec | None:
         issues.add(f"must be a mapping with keys {sorted(keys)}", node, "split")
         return None
     before = len(issues.items)
-    unknown = set(raw) - keys
-    if unknown:
-        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {sorted(keys)})", node, "split")
+    meant = unknown_keys(raw, keys, issues, node, "split")
     raw_arms = raw.get("arms")
     arms: list[SplitArm] = []
     if not isinstance(raw_arms, dict) or not raw_arms:
-        issues.add(
-            "must be a non-empty mapping of arm name to {model|graph, version, weight}", node, "split.arms"
-        )
+        if "arms" not in meant:
+            issues.add(
+                "must be a non-empty mapping of arm name to {model|graph, version, weight}",
+                node,
+                "split.arms",
+            )
     else:
         for arm_name, arm in raw_arms.items():
             field = f"split.arms.{arm_name}"
@@ -391,10 +414,9 @@ def _remote_node(raw: Any, inputs: dict[str, Binding], issues: Issues, node: str
         issues.add("must be a mapping with url (or urls), model and optional version", node, "remote")
         return None
     before = len(issues.items)
-    unknown = set(raw) - _REMOTE_KEYS
-    if unknown:
-        expected = sorted(_REMOTE_KEYS)
-        issues.add(f"unknown keys {sorted(map(str, unknown))} (expected {expected})", node, "remote")
+    meant = unknown_keys(raw, _REMOTE_KEYS, issues, node, "remote")
+    if "url" not in raw and "urls" not in raw and meant & {"url", "urls"}:
+        return None
     if ("url" in raw) == ("urls" in raw):
         issues.add("needs exactly one of 'url: URL' or 'urls: [URL, ...]'", node, "remote")
         return None
@@ -537,4 +559,5 @@ __all__ = [
     "parse_ref",
     "remote_spec",
     "remote_target",
+    "unknown_keys",
 ]

@@ -8,6 +8,7 @@ uses, shipped by ``tritonclient.grpc.model_config_pb2``), then translated. An en
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -42,6 +43,7 @@ from flowserve.spec.schema import (
     TensorSpec,
     WarmupSpec,
 )
+from flowserve.spec.suggest import did_you_mean
 from flowserve.spec.warmup import warmup_from_config
 
 # platform -> backend, as Triton resolves them.
@@ -121,8 +123,32 @@ def parse_config_text(text: str, filename: str = "config.pbtxt") -> ModelConfig:
             doc = yaml.safe_load(text) or {}
             json_format.ParseDict(doc, config)
     except (text_format.ParseError, json_format.ParseError, yaml.YAMLError) as exc:
-        raise InvalidArgument(f"cannot parse {filename}: {exc}") from None
+        raise InvalidArgument(f"cannot parse {filename}: {exc}{_config_hint(str(exc))}") from None
     return config
+
+
+_NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_NO_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named "?(\w+)')
+_BAD_ENUM = re.compile(r"Invalid enum value (\w+) for enum type ([\w.]+)")  # json_format's
+
+
+def _config_hint(error: str) -> str:
+    """A "did you mean" for protobuf's unknown field or enum value (``max_batch_szie``,
+    ``TYPE_FP23``), from the ModelConfig message's own names; "" for any other error."""
+    pool = mc.DESCRIPTOR.pool
+    try:
+        if found := _NO_FIELD.search(error):
+            fields = pool.FindMessageTypeByName(found[1]).fields
+            return did_you_mean(found[2], [f.name for f in fields])
+        if found := _NO_VALUE.search(error):
+            values = pool.FindEnumTypeByName(found[1]).values
+            return did_you_mean(found[2], [v.name for v in values])
+        if found := _BAD_ENUM.search(error):
+            values = pool.FindEnumTypeByName(found[2]).values
+            return did_you_mean(found[1], [v.name for v in values])
+    except KeyError:
+        pass
+    return ""
 
 
 def parse_config_json(text: str) -> ModelConfig:
