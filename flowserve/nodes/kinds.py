@@ -32,6 +32,7 @@ from flowserve.runtime.stats import ModelStats
 from flowserve.spec.kinds import KINDS
 from flowserve.spec.schema import ModelSpec, NodeSpec
 from flowserve.spec.sequence import sequence_from_config
+from flowserve.spec.suggest import did_you_mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,8 @@ class Builder:
 def _step_signature(node: NodeSpec, known: Known) -> Signature:
     plan = known.plans.get(node.target)
     if plan is None:
-        raise InvalidArgument(f"{node.kind} '{node.target}' is unknown or failed to load")
+        hint = "" if node.target in known.models else did_you_mean(node.target, [*known.models, *known.plans])
+        raise InvalidArgument(f"{node.kind} '{node.target}' is unknown or failed to load{hint}")
     return step_signature(plan)
 
 
