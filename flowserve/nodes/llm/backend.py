@@ -172,6 +172,7 @@ class LlmBackend(BackendNode):
         clock = self.clock
         start = last = clock.now_ns()
         generated = 0
+        unsent = 0  # tokens since the last response (a response may wait for text to settle)
         reason = "abort"
         pieces: list[str] = [prompt_text] if request.prepend else []
         tokens = engine.generate(request_id, prompt, request.sampling)
@@ -184,6 +185,7 @@ class LlmBackend(BackendNode):
                         metrics.token(step if generated + i else (now - start) / 1e9, generated + i == 0)
                     last = now
                 generated += len(chunk.ids)
+                unsent += len(chunk.ids)
                 delta = text.push(chunk.ids)
                 if chunk.finished:
                     delta += text.finish()
@@ -192,7 +194,8 @@ class LlmBackend(BackendNode):
                     reason = "stop" if text.stopped else (chunk.reason or "stop")
                 if request.stream:
                     if delta or done:
-                        yield request.response(delta, reason if done else None, len(prompt), len(chunk.ids))
+                        yield request.response(delta, reason if done else None, len(prompt), unsent)
+                        unsent = 0
                 else:
                     pieces.append(delta)
                 if done:

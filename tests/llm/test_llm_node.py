@@ -1,0 +1,200 @@
+"""The generation node in-process on the transformers engine with a tiny model built in the
+test: streaming, the one-response form, greedy determinism, max_tokens, stop strings, chat
+messages, continuous batching of concurrent requests, cancellation, errors and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+import flowserve
+from flowserve.core.errors import FlowserveError
+from flowserve.core.types import InferRequest, InferResponse
+from flowserve.nodes.backends.pb_utils import custom_metrics
+from tests.llm.tinymodel import write_llm_model
+
+
+def request(text: str, stream: bool = True, **params: object) -> InferRequest:
+    inputs = {
+        "text_input": np.array([text.encode()], dtype=object),
+        "stream": np.array([stream]),
+        "sampling_parameters": np.array([json.dumps(params).encode()], dtype=object),
+        "return_finish_reason": np.array([True]),
+        "return_num_input_tokens": np.array([True]),
+        "return_num_output_tokens": np.array([True]),
+    }
+    if not stream:
+        inputs["exclude_input_in_output"] = np.array([True])
+    return InferRequest("tiny", inputs)
+
+
+def texts(responses: list[InferResponse]) -> list[str]:
+    return [r.outputs["text_output"][0].decode() for r in responses]
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[flowserve.Engine]:
+    repo = tmp_path_factory.mktemp("llm-repo")
+    write_llm_model(repo, "tiny", tiny_model)
+    engine = await flowserve.Engine.start(repo)
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def llm_node(engine: flowserve.Engine) -> object:
+    servable = engine.registry.get("tiny", "")
+    return servable.executor.nodes[0]
+
+
+async def collect(engine: flowserve.Engine, req: InferRequest) -> list[InferResponse]:
+    return [r async for r in engine.stream_request(req)]
+
+
+async def test_stream_and_single_response_agree_when_greedy(engine: flowserve.Engine) -> None:
+    streamed = await collect(engine, request("hello world", temperature=0, max_tokens=12, ignore_eos=True))
+    assert len(streamed) > 1
+    last = streamed[-1].outputs
+    assert last["finish_reason"][0] == b"length"
+    assert sum(int(r.outputs["num_output_tokens"][0]) for r in streamed) == 12
+    assert all(int(r.outputs["num_input_tokens"][0]) > 0 for r in streamed)
+    single = await collect(
+        engine, request("hello world", stream=False, temperature=0, max_tokens=12, ignore_eos=True)
+    )
+    assert len(single) == 1
+    assert texts(single)[0] == "".join(texts(streamed))
+    assert int(single[0].outputs["num_output_tokens"][0]) == 12
+
+
+async def test_prompt_is_prepended_unless_excluded(engine: flowserve.Engine) -> None:
+    req = request("hello world", stream=False, temperature=0, max_tokens=4, ignore_eos=True)
+    del req.inputs["exclude_input_in_output"]
+    (full,) = await collect(engine, req)
+    assert texts([full])[0].startswith("hello world")
+
+
+async def test_stop_string_ends_the_text_before_it(engine: flowserve.Engine) -> None:
+    (free,) = await collect(
+        engine, request("the quick", stream=False, temperature=0, max_tokens=24, ignore_eos=True)
+    )
+    text = texts([free])[0]
+    assert len(text) > 4
+    stop = text[2:4]
+    (stopped,) = await collect(
+        engine, request("the quick", stream=False, temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+    )
+    assert texts([stopped])[0] == text[: text.index(stop)]
+    assert stopped.outputs["finish_reason"][0] == b"stop"
+
+
+async def test_chat_messages_use_the_chat_template(engine: flowserve.Engine) -> None:
+    req = request("", stream=False, temperature=0, max_tokens=3, ignore_eos=True)
+    req.inputs["messages"] = np.array(
+        [json.dumps([{"role": "user", "content": "hello"}]).encode()], dtype=object
+    )
+    (out,) = await collect(engine, req)
+    # "<s>user: hello\n<s>assistant: " in tokens, longer than "hello" alone
+    assert int(out.outputs["num_input_tokens"][0]) > len(engine_tokens(engine, "hello"))
+    assert int(out.outputs["num_output_tokens"][0]) == 3
+
+
+def engine_tokens(engine: flowserve.Engine, text: str) -> list[int]:
+    node = llm_node(engine)
+    return list(node.engine.tokenizer.encode(text))  # type: ignore[attr-defined]
+
+
+async def test_concurrent_requests_share_the_running_batch(engine: flowserve.Engine) -> None:
+    prompts = [f"hello world {i}" for i in range(8)]
+    results = await asyncio.gather(
+        *(collect(engine, request(p, temperature=0, max_tokens=10, ignore_eos=True)) for p in prompts)
+    )
+    for responses in results:
+        assert sum(int(r.outputs["num_output_tokens"][0]) for r in responses) == 10
+    alone = await collect(engine, request(prompts[3], temperature=0, max_tokens=10, ignore_eos=True))
+    assert "".join(texts(alone)) == "".join(texts(results[3]))  # batching does not change greedy output
+
+
+async def test_a_client_that_goes_away_frees_its_sequence(engine: flowserve.Engine) -> None:
+    node = llm_node(engine)
+    before = node.engine.load()  # type: ignore[attr-defined]
+    stream = engine.stream_request(request("hello world", temperature=0, max_tokens=400, ignore_eos=True))
+    produced = 0
+    async for response in stream:
+        produced += int(response.outputs["num_output_tokens"][0])
+        if produced >= 64:
+            break
+    during = node.engine.load()  # type: ignore[attr-defined]
+    assert during.running == 1
+    assert during.kv_cache_usage > before.kv_cache_usage
+    await stream.aclose()  # type: ignore[attr-defined]
+    for _ in range(300):
+        after = node.engine.load()  # type: ignore[attr-defined]
+        if after.running == 0 and after.kv_cache_usage < during.kv_cache_usage:
+            break
+        await asyncio.sleep(0.01)
+    # its sequence left the batch and its blocks went back (transformers keeps the complete
+    # blocks of a sequence as an evictable prefix cache, so not all the way to ``before``)
+    assert (after.running, after.waiting) == (0, 0)
+    assert after.kv_cache_usage < during.kv_cache_usage
+    assert node.active == 0  # type: ignore[attr-defined]
+    # the engine goes on serving
+    assert len(await collect(engine, request("hello", temperature=0, max_tokens=3, ignore_eos=True))) >= 1
+
+
+async def test_bad_requests_name_the_model_and_the_field(engine: flowserve.Engine) -> None:
+    with pytest.raises(FlowserveError, match=r"model 'tiny'.*'temperature' must be >= 0"):
+        await collect(engine, request("hi", temperature=-1))
+    with pytest.raises(
+        FlowserveError, match=r"model 'tiny': unknown input 'sampling_parameters' 'tempreature'"
+    ):
+        await collect(engine, request("hi", tempreature=0.5))
+    with pytest.raises(FlowserveError, match=r"'n' is not supported"):
+        await collect(engine, request("hi", n=2))
+    req = request("hi")
+    req.inputs["sampling_parameters"] = np.array([b"{not json"], dtype=object)
+    with pytest.raises(FlowserveError, match="not valid JSON"):
+        await collect(engine, req)
+    with pytest.raises(FlowserveError, match="when streaming, 'exclude_input_in_output' = false"):
+        bad = request("hi")
+        bad.inputs["exclude_input_in_output"] = np.array([False])
+        await collect(engine, bad)
+
+
+async def test_metrics_carry_vllm_names(engine: flowserve.Engine) -> None:
+    families = {name: samples for name, _, _, samples in custom_metrics()}
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    ):
+        assert name in families, name
+    before = {name: samples for name, _, _, samples in custom_metrics()}
+
+    def tiny(
+        families: dict[str, list[tuple[str, dict[str, str], float]]], name: str, suffix: str = ""
+    ) -> float:
+        return sum(
+            v for n, labels, v in families.get(name, []) if labels["model"] == "tiny" and n.endswith(suffix)
+        )
+
+    await collect(engine, request("hello", temperature=0, max_tokens=5, ignore_eos=True))
+    after = {name: samples for name, _, _, samples in custom_metrics()}
+    generated = tiny(after, "vllm:generation_tokens_total") - tiny(before, "vllm:generation_tokens_total")
+    assert generated == 5.0
+    ttft = "vllm:time_to_first_token_seconds"
+    assert tiny(after, ttft, "_count") - tiny(before, ttft, "_count") == 1.0
