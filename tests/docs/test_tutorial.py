@@ -5,6 +5,7 @@ Every output the page shows is compared. About 30 s, most of it training and the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import urllib.request
 from pathlib import Path
@@ -16,9 +17,10 @@ from tests.docs.runbook import Runbook, blocks
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 
-pytest.importorskip("torch")
-pytest.importorskip("onnxscript")
-pytest.importorskip("onnxruntime")
+MISSING = [m for m in ("torch", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"the tutorial needs {MISSING} (pip install -e '.[bundled]')"
+)
 
 
 @pytest.mark.slow
