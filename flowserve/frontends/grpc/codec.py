@@ -25,6 +25,7 @@ from flowserve.core.node import TensorMap
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.core.wire import from_list, from_raw, raw_view, to_raw
 from flowserve.dataplane.shm import SharedMemoryRegistry
+from flowserve.frontends.grpc.h2.calls import Piece, Scattered
 
 # Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
 TYPED_FIELD: dict[str, str] = {
@@ -83,6 +84,95 @@ def set_param(param: Any, value: Any) -> None:
 
 
 # ------------------------------------------------------------------ request
+
+# raw_input_contents on the wire: field number and wire type 2 (length-delimited)
+_RAW_IN_TAG = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number << 3 | 2
+SPLIT_FROM = 64 * 1024  # request messages of at least this many bytes: raw contents not copied
+_SPLIT_FIELDS = 4096  # top-level fields walked at most (past it: protobuf parses it all)
+_FIXED_WIRE = {1: 8, 5: 4}  # wire type -> bytes (64-bit, 32-bit)
+
+
+class ViewRequest:
+    """A ModelInferRequest whose ``raw_input_contents`` are read-only views of the message it
+    was parsed from (the rest is a real message: every other attribute is its). Why: upb copies
+    each bytes field into its arena, then again into a ``bytes`` when it is read, two copies of
+    a 16 MiB tensor that ``np.frombuffer`` can do without."""
+
+    __slots__ = ("head", "raw_input_contents")
+
+    def __init__(self, head: Any, raws: list[memoryview]) -> None:
+        self.head = head
+        self.raw_input_contents = raws
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.head, name)
+
+
+def parse_request(data: bytes | memoryview) -> Any:
+    """A ModelInferRequest from its serialized bytes: a :class:`ViewRequest` when it is large
+    and its top-level fields are few (what is not raw contents, joined, is parsed by protobuf),
+    else protobuf's own message."""
+    if len(data) >= SPLIT_FROM:
+        split = _split_raw(memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
+        if split is not None:
+            head, raws = split
+            return ViewRequest(pb.ModelInferRequest.FromString(head), raws)
+    return pb.ModelInferRequest.FromString(data)
+
+
+def _split_raw(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
+    """The message without its raw_input_contents entries, and those entries as read-only views
+    of ``view``, in order; None when it has too many top-level fields or is malformed (protobuf
+    then parses it, and says what is wrong)."""
+    end = len(view)
+    pos = start = 0
+    heads: list[memoryview] = []
+    raws: list[memoryview] = []
+    fields = 0
+    try:
+        while pos < end:
+            fields += 1
+            if fields > _SPLIT_FIELDS:
+                return None
+            tag, after = _read_varint(view, pos)
+            wire = tag & 7
+            if wire == 2:
+                length, body = _read_varint(view, after)
+                stop = body + length
+            elif wire == 0:
+                stop = _read_varint(view, after)[1]
+            elif wire in _FIXED_WIRE:
+                stop = after + _FIXED_WIRE[wire]
+            else:
+                return None
+            if stop > end:
+                return None
+            if tag == _RAW_IN_TAG:
+                heads.append(view[start:pos])
+                raws.append(view[body:stop].toreadonly())
+                start = stop
+            pos = stop
+    except IndexError:
+        return None
+    if not raws:
+        return None
+    heads.append(view[start:end])
+    return b"".join(heads), raws
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it (IndexError past the end)."""
+    value = shift = 0
+    while True:
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
+
 
 
 def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT_LIMITS) -> InferRequest:
@@ -227,6 +317,7 @@ _OutputTensor = pb.ModelInferResponse.InferOutputTensor
 # raw_output_contents on the wire: field number and wire type 2 (length-delimited)
 _RAW_TAG = bytes([pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number << 3 | 2])
 WIRE_TAIL_FROM = 64 * 1024  # raw outputs of at least this many bytes in all: serialized by hand
+SMALL_PART = 4096  # a raw output smaller than this is copied into the piece before it
 
 
 def _varint(value: int) -> bytes:
@@ -238,16 +329,17 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-class WireResponse:
+class WireResponse(Scattered):
     """A ModelInferResponse whose ``raw_output_contents`` are written after the rest of it by
     hand: the head (names, shapes, parameters) serialized by protobuf, then each raw entry as
-    its tag, length and the output's own buffer, joined once. Protobuf allows a message's fields
-    in any order and keeps a repeated field's entries in theirs, so every parser reads the same
+    its tag, length and the output's own buffer. Protobuf allows a message's fields in any
+    order and keeps a repeated field's entries in theirs, so every parser reads the same
     message. Why: upb's ``SerializeToString`` copies a 16 MiB bytes field at about 0.5 GB/s
-    (31 ms measured here, against 2 ms for a join), after ``tobytes`` made the field's copy;
-    here the payload is copied once, into the message the transport sends. Only the native
-    transport takes it (``InferenceServicer(wire_tail=True)``): grpcio's generated serializer
-    and a stream's ModelStreamInferResponse need a real message."""
+    (31 ms measured here, against 2 ms for a join), after ``tobytes`` made the field's copy.
+    The native transport takes the message as pieces (:meth:`wire_parts`: the outputs' buffers
+    themselves, framed and written with vectored writes, never copied); ``SerializeToString``
+    joins them once. Only the native transport takes it (``InferenceServicer(wire_tail=True)``):
+    grpcio's generated serializer and a stream's ModelStreamInferResponse need a real message."""
 
     __slots__ = ("head", "raws")
 
@@ -255,11 +347,28 @@ class WireResponse:
         self.head = head
         self.raws = raws
 
-    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name, which the transport calls)
-        parts: list[Any] = [self.head.SerializeToString()]
+    def wire_parts(self) -> tuple[list[Piece], int]:
+        """The message as pieces: the head with the first entry's tag and length, each output's
+        buffer, the next entry's tag and length..., and their total size."""
+        parts: list[Piece] = []
+        prefix = self.head.SerializeToString()
+        size = 0
         for raw in self.raws:
-            parts += (_RAW_TAG, _varint(raw.nbytes if isinstance(raw, memoryview) else len(raw)), raw)
-        return b"".join(parts)
+            n = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+            prefix += _RAW_TAG + _varint(n)
+            if n < SMALL_PART:
+                prefix += raw
+                continue
+            parts += (prefix, raw)
+            size += len(prefix) + n
+            prefix = b""
+        if prefix:
+            parts.append(prefix)
+            size += len(prefix)
+        return parts, size
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        return b"".join(self.wire_parts()[0])
 
 
 def encode_response_wire(

@@ -17,6 +17,18 @@ uses (``abort``, ``invocation_metadata``). ``--grpc-server grpcio`` selects grpc
 Measured the same way, the bare servicer on this transport costs 28 us per request at c=8 and
 answers about 30k infer/s, where grpc.aio answered about 4k (benchmarks/README.md).
 
+A large message's bytes are copied at most once in user space, most of them not at all
+(``benchmarks/copies.py`` counts it): the
+connection is a ``BufferedProtocol``; once a unary request's 5-byte prefix declares a large
+message (``guard.SMALL`` or more, taken from the request budget), the rest of it is read into a
+buffer of its size as its DATA frames arrive, straight from the socket while a long frame is
+arriving (``get_buffer`` hands the transport a view of it, ``SINK_FROM``), else copied from
+the server's read buffer, and the message is parsed from that buffer (an inference request's raw
+contents stay views of it: ``codec.parse_request``). A response that gives its bytes as pieces
+(``calls.Scattered``: ``codec.WireResponse``, a tensor's own buffer) is queued as those pieces
+(``calls.Outgoing``), framed as DATA frame heads and views of them, and written with one vectored
+write (``writelines``), never joined.
+
 What is covered: the connection preface and SETTINGS (both directions, ACKs), PING, GOAWAY,
 RST_STREAM (cancels the call's task), WINDOW_UPDATE and flow control both ways (receive windows
 given back as data arrives, or, on a stream whose reader lags, as it reads; sends wait for the

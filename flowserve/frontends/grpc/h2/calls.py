@@ -24,6 +24,61 @@ class Method:
     streaming: Streaming | None = None
 
 
+Piece = bytes | bytearray | memoryview  # bytes on their way out: a message's, or a view of them
+
+
+class Scattered:
+    """A response message that gives its serialized bytes as pieces (views of the buffers that
+    hold them, e.g. a tensor's) instead of one joined ``bytes``: the transport frames and writes
+    them as they are (``Outgoing``, vectored writes), never joining them. Subclasses say how."""
+
+    def wire_parts(self) -> tuple[list[Piece], int]:
+        """The serialized message as pieces (one-dimensional, contiguous) and their total size."""
+        raise NotImplementedError
+
+
+class Outgoing:
+    """A stream's response bytes (gRPC-framed) waiting for the peer's windows, as the pieces
+    they came in (never joined or copied: a large message's pieces are views of its buffers)."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self) -> None:
+        self.pieces: deque[Piece] = deque()
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, piece: Piece) -> None:
+        if len(piece):
+            self.pieces.append(piece)
+            self.size += len(piece)
+
+    def clear(self) -> None:
+        self.pieces.clear()
+        self.size = 0
+
+    def take(self, count: int) -> list[Piece]:
+        """The first ``count`` bytes (at most ``len(self)``), as pieces; a piece that is cut
+        leaves a view of its rest at the front."""
+        pieces = self.pieces
+        taken: list[Piece] = []
+        self.size -= count
+        while count:
+            piece = pieces[0]
+            n = len(piece)
+            if n <= count:
+                taken.append(pieces.popleft())
+                count -= n
+                continue
+            view = piece if isinstance(piece, memoryview) else memoryview(piece)
+            taken.append(view[:count])
+            pieces[0] = view[count:]
+            break
+        return taken
+
+
 # the servicer refuses a call before running it: (method path, metadata header) -> message or None
 Gate = Callable[[str, Callable[[str], str | None]], str | None]
 
@@ -37,17 +92,21 @@ EOF = Eof()
 
 class Stream:
     __slots__ = (
-        "charged", "context", "data", "declared", "drained", "encoding", "header_size", "headers_sent",
-        "held", "method", "out", "queue", "queued", "remote_closed", "reply_encoding", "send_window",
-        "sid", "sizes", "stamp", "task", "trailers", "unacked",
+        "charged", "context", "data", "declared", "drained", "encoding", "filled", "header_size",
+        "headers_sent", "held", "into", "method", "out", "queue", "queued", "remote_closed",
+        "reply_encoding", "send_window", "sid", "sizes", "stamp", "task", "trailers", "unacked",
     )  # fmt: skip
 
     def __init__(self, sid: int, method: Method, headers: list[tuple[bytes, bytes]], window: int) -> None:
         self.sid = sid
         self.method = method
         self.data = bytearray()
+        # a large unary message's own buffer (its 5-byte prefix included), once its size is known
+        # and taken from the budget, and the bytes of it received
+        self.into: memoryview | None = None
+        self.filled = 0
         self.send_window = window
-        self.out = bytearray()  # response bytes (gRPC-framed) waiting for the peer's window
+        self.out = Outgoing()  # response bytes (gRPC-framed) waiting for the peer's window
         self.trailers: bytes | None = None  # sent once ``out`` is empty
         self.headers_sent = False
         self.task: asyncio.Task[None] | None = None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import hpack
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from flowserve.core.errors import ResourceExhausted
@@ -21,7 +22,9 @@ from flowserve.frontends.grpc.h2.calls import (
     UNKNOWN,
     Later,
     Method,
+    Piece,
     Refused,
+    Scattered,
     Stream,
     Streaming,
     Unary,
@@ -105,6 +108,7 @@ from flowserve.frontends.grpc.h2.limits import (
     RESET_BURST,
     RESET_RATE,
     SEND_AHEAD,
+    SINK_FROM,
     STREAM_WINDOW,
     TokenBucket,
 )
@@ -114,16 +118,27 @@ if TYPE_CHECKING:
     from flowserve.frontends.grpc.h2.server import Http2GrpcServer
 
 log = logging.getLogger("flowserve.grpc")
+ONE_MESSAGE = "a unary call needs exactly one request message"
 
 
-class Connection(Sender, asyncio.Protocol):
+class Connection(Sender, asyncio.BufferedProtocol):
     def __init__(self, server: Http2GrpcServer) -> None:
         self.server = server
         self.methods = server.methods
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.client = ""  # the client's address, as CallContext.peer() gives it
-        self.buf = bytearray()
+        self.buf = bytearray()  # bytes read and not yet handled (a frame's start, when a read ends in it)
+        # a DATA frame whose payload is still arriving (read in pieces, each handed on as it comes):
+        # its payload bytes still to come, its flags, and its stream (None: the rest is dropped)
+        self.frame_left = 0
+        self.frame_flags = 0
+        self.frame_stream: Stream | None = None
+        # the stream whose request message is being read straight into its buffer (``get_buffer``
+        # gives the socket a view of it), while more of it is to come, and whether the last read
+        # went there
+        self.expect: Stream | None = None
+        self.sinking = False
         self.preface = False
         self.decoder = hpack.Decoder(max_header_list_size=2 * MAX_HEADER_LIST)
         self.streams: dict[int, Stream] = {}
@@ -139,7 +154,7 @@ class Connection(Sender, asyncio.Protocol):
         self.out_blocked = 0  # response bytes of all streams waiting for the peer's windows
         self.unblocked: asyncio.Future[None] | None = None  # streaming senders waiting on it
         self.header_bytes = 0  # decoded header bytes of the open streams
-        self.pending: list[bytes | bytearray] = []
+        self.pending: list[Piece] = []
         self.pending_size = 0
         self.flush_scheduled = False
         self.paused: asyncio.Future[None] | None = None
@@ -232,6 +247,8 @@ class Connection(Sender, asyncio.Protocol):
             self._wake(stream)
         self._socket_charge(0)
         self.streams.clear()
+        self.frame_stream = self.expect = None
+        self.frame_left = 0
         self.blocked.clear()
         self.out_blocked = self.header_bytes = 0
         self.buf.clear()
@@ -275,16 +292,67 @@ class Connection(Sender, asyncio.Protocol):
             else:
                 transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the transport reads the next bytes into: straight into the buffer of a large
+        request message while a long DATA frame of it is arriving (no copy at all: the kernel
+        writes the payload where the message is parsed from), else the server's read buffer
+        (``buffer_updated`` hands it on before the next read). Between two long frames of such a
+        message only the next frame's head is read, so that its payload goes to the message too."""
+        stream = self.frame_stream
+        if stream is not None and self.frame_left >= SINK_FROM and not self.buf:
+            into = stream.into
+            if into is not None:
+                room = min(self.frame_left, len(into) - stream.filled)
+                if room >= SINK_FROM:
+                    self.sinking = True
+                    return into[stream.filled : stream.filled + room]
+        self.sinking = False
+        if self.expect is not None and not self.frame_left and not self.buf:
+            return self.server.read_head
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.dead:
             return
-        buf = self.buf
-        buf += data
-        if self.stalled or self.deferred:  # a TLS transport may deliver what it had decrypted
-            if len(buf) > MAX_STALLED_IN:
-                self._abort_connection(ENHANCE_YOUR_CALM, "the peer sends and does not read")
+        if self.sinking:
+            self._sunk(nbytes)
             return
-        self._process()
+        view = self.server.read_buffer[:nbytes]
+        buf = self.buf
+        if buf or not self.preface or self.stalled or self.deferred:
+            buf += view  # (the rare case: a frame's head or a control frame cut by a read)
+            if self.stalled or self.deferred:  # a TLS transport may deliver what it had decrypted
+                if len(buf) > MAX_STALLED_IN:
+                    self._abort_connection(ENHANCE_YOUR_CALM, "the peer sends and does not read")
+                return
+            self._process()
+            return
+        try:
+            pos = self._frames(view, 0, nbytes, False)
+        except H2Error as exc:
+            self._abort_connection(exc.code, str(exc))
+            return
+        except Exception as exc:  # a bug: one line, and the connection ends cleanly
+            self._abort_connection(
+                INTERNAL_ERROR, "internal error", f"{type(exc).__name__} handling a frame: {exc}"
+            )
+            return
+        if pos < nbytes and not self.dead:
+            buf += view[pos:]  # the start of a frame, or what waits for the next turn
+
+    def _sunk(self, nbytes: int) -> None:
+        """``nbytes`` of a DATA frame's payload were read straight into its stream's message."""
+        stream = self.frame_stream
+        assert stream is not None
+        stream.filled += nbytes
+        stream.unacked += nbytes
+        stream.stamp = self.server.tick
+        self.buffered += nbytes
+        self.frame_left -= nbytes
+        self._ack_connection()
+        if not self.frame_left:
+            self.frame_stream = None
+            self._data_end(stream, self.frame_flags, 0)
 
     def _resume(self) -> None:
         if not (self.dead or self.stalled or self.deferred):
@@ -301,7 +369,7 @@ class Connection(Sender, asyncio.Protocol):
     def _process(self) -> None:
         """Handle the complete frames in ``buf`` (until reading is paused)."""
         buf = self.buf
-        pos = count = 0
+        pos = 0
         try:
             if not self.preface:
                 if len(buf) < len(PREFACE) + 9:  # the preface, and the head of the first frame
@@ -315,29 +383,7 @@ class Connection(Sender, asyncio.Protocol):
                     raise H2Error(PROTOCOL_ERROR, "the first frame is not SETTINGS")
                 self.preface = True
                 pos = len(PREFACE)
-            end = len(buf)
-            while end - pos >= 9:
-                hi, lo, ftype, flags, sid = FRAME_HEAD.unpack_from(buf, pos)
-                length = (hi << 16) | lo
-                if length > MAX_FRAME_IN:
-                    raise H2Error(FRAME_SIZE_ERROR, f"frame of {length} bytes")
-                stop = pos + 9 + length
-                if stop > end:
-                    break
-                payload = bytes(memoryview(buf)[pos + 9 : stop])  # one copy (buf[...] then bytes() made two)
-                pos = stop
-                self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
-                if self.stalled or self.dead:
-                    break
-                count += 1
-                if length > 64 and ftype in (HEADERS, CONTINUATION):
-                    count += length // HEADER_BYTES_PER_FRAME
-                if count >= FRAMES_PER_TURN and end - pos >= 9:
-                    # the loop's other connections first: the rest waits for the next turn
-                    self.deferred = True
-                    self._set_reading()
-                    self.loop.call_soon(self._next_turn)
-                    break
+            pos = self._frames(buf, pos, len(buf), True)
         except H2Error as exc:
             self._abort_connection(exc.code, str(exc))
             return
@@ -348,6 +394,72 @@ class Connection(Sender, asyncio.Protocol):
             return
         if not self.dead:
             del buf[:pos]
+
+    def _frames(self, data: bytearray | memoryview, pos: int, end: int, copy: bool) -> int:
+        """Handle the frames in ``data[pos:end]`` until reading is paused (or the loop's other
+        connections get their turn); returns where it stopped. A DATA frame is handed on as its
+        payload arrives (a long one need not be read whole first); a frame of another kind waits
+        until it is complete. ``copy``: ``data`` is ``buf`` (which is resized after this):
+        payloads are handed on as copies, else as views of ``data``."""
+        count = 0
+        while True:
+            left = self.frame_left
+            if left:  # the rest of a DATA frame's payload
+                n = min(left, end - pos)
+                if not n:
+                    break
+                stream = self.frame_stream
+                if stream is not None:
+                    piece: Piece = bytes(memoryview(data)[pos : pos + n]) if copy else data[pos : pos + n]
+                    if not self._data_piece(stream, piece):
+                        self.frame_stream = stream = None
+                pos += n
+                self.frame_left = left = left - n
+                if left:
+                    break
+                if stream is not None:
+                    self.frame_stream = None
+                    self._data_end(stream, self.frame_flags, 0)
+                    if self.stalled or self.dead:
+                        break
+                count += 1
+                continue
+            if end - pos < 9:
+                break
+            hi, lo, ftype, flags, sid = FRAME_HEAD.unpack_from(data, pos)
+            length = (hi << 16) | lo
+            if length > MAX_FRAME_IN:
+                raise H2Error(FRAME_SIZE_ERROR, f"frame of {length} bytes")
+            stop = pos + 9 + length
+            if stop > end:
+                if ftype != DATA or flags & PADDED:
+                    break  # handled once it is all here
+                pos += 9  # a DATA frame, in pieces as they arrive
+                if self.continuing is not None:
+                    raise H2Error(PROTOCOL_ERROR, "expected CONTINUATION")
+                self.frame_stream = self._data_begin(sid & 0x7FFFFFFF, length)
+                self.frame_left = length
+                self.frame_flags = flags
+                continue
+            if ftype == DATA and not copy:  # its payload a view of the read buffer
+                if self.continuing is not None:
+                    raise H2Error(PROTOCOL_ERROR, "expected CONTINUATION")
+                self._data(flags, sid & 0x7FFFFFFF, data[pos + 9 : stop])
+            else:
+                self._frame(ftype, flags, sid & 0x7FFFFFFF, bytes(memoryview(data)[pos + 9 : stop]))
+            pos = stop
+            if self.stalled or self.dead:
+                break
+            count += 1
+            if length > 64 and ftype in (HEADERS, CONTINUATION):
+                count += length // HEADER_BYTES_PER_FRAME
+            if count >= FRAMES_PER_TURN and end - pos >= 9:
+                # the loop's other connections first: the rest waits for the next turn
+                self.deferred = True
+                self._set_reading()
+                self.loop.call_soon(self._next_turn)
+                break
+        return pos
 
     # ---------------------------------------------------------------- timers
 
@@ -684,12 +796,32 @@ class Connection(Sender, asyncio.Protocol):
             return grpc.StatusCode.UNAVAILABLE, denial
         return None
 
-    def _data(self, flags: int, sid: int, payload: bytes) -> None:
+    def _data(self, flags: int, sid: int, payload: Piece) -> None:
+        """A whole DATA frame (one that arrives in pieces: ``_frames``)."""
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         if flags & PADDED and (not size or payload[0] >= size):
             raise H2Error(PROTOCOL_ERROR, "bad padding")
+        stream = self._data_begin(sid, size)
+        if stream is None:
+            return
+        if flags & PADDED:
+            payload = payload[1 : size - payload[0]]
+        elif not size and not flags & END_STREAM:
+            self._control()
+        if payload:
+            if not self._data_piece(stream, payload):
+                return
+        else:
+            self._ack_connection()
+        self._data_end(stream, flags, size - len(payload))
+
+    def _data_begin(self, sid: int, size: int) -> Stream | None:
+        """A DATA frame of ``size`` bytes begins: flow control, and the stream its payload goes
+        to (None: it is dropped, and the stream reset where RFC 9113 says so)."""
+        if sid == 0:
+            raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
         self.recv_unacked += size
         if self.recv_unacked > CONNECTION_WINDOW:  # past the window this side gave (RFC 9113 6.9.1)
             raise H2Error(FLOW_CONTROL_ERROR, "DATA past the connection's flow-control window")
@@ -703,39 +835,86 @@ class Connection(Sender, asyncio.Protocol):
             elif sid not in self.recent_resets:  # closed, not by a reset of this side's
                 self._control()
                 self._reset_sid(sid, STREAM_CLOSED)
-            return  # a stream this side reset: its data is dropped
+            return None  # a stream this side reset: its data is dropped
         if stream.unacked + size > STREAM_WINDOW:  # a peer ignoring the stream's window
             self._ack_connection()
             self._reset(stream, FLOW_CONTROL_ERROR)
-            return
-        if flags & PADDED:
-            payload = payload[1 : size - payload[0]]
-        elif not size and not flags & END_STREAM:
-            self._control()
-        stream.data += payload
-        if payload:
-            stream.stamp = self.server.tick  # progress (see Http2GrpcServer.body_timeout_s)
-        self.buffered += len(payload)
+            return None
+        return stream
+
+    def _data_piece(self, stream: Stream, piece: Piece) -> bool:
+        """Payload bytes of a DATA frame for ``stream``: into its request message. False: the
+        call was answered instead (or is gone), the rest of the frame is dropped."""
+        if self.streams.get(stream.sid) is not stream:
+            return False
+        n = len(piece)
+        stream.unacked += n
+        stream.stamp = self.server.tick  # progress (see Http2GrpcServer.body_timeout_s)
+        self.buffered += n
+        into = stream.into
+        if into is not None:  # a large unary message, into the buffer made for it
+            filled = stream.filled
+            if filled + n > len(into):
+                self._ack_connection()
+                self._finish(stream, grpc.StatusCode.INTERNAL, ONE_MESSAGE)
+                return False
+            into[filled : filled + n] = piece
+            stream.filled = filled + n
+            self._ack_connection()
+            return True
+        stream.data += piece
         self._ack_connection()
-        stream.unacked += size
         if stream.queue is not None:
             self._split_messages(stream)
-        else:
-            data = stream.data
-            if stream.declared < 0 and len(data) >= 5:
-                declared = stream.declared = int.from_bytes(data[1:5], "big")
-                if declared > self.server.max_message:
-                    self._too_large(stream, declared)  # refused from the prefix
-                    return
-                if declared >= SMALL and len(data) - 5 < declared and not self._reserve(stream, declared):
-                    return
-            if len(data) > self.server.max_message + 5:
-                self._too_large(stream, len(data) - 5)
-                return
+            return self.streams.get(stream.sid) is stream
+        data = stream.data
+        if stream.declared < 0 and len(data) >= 5:
+            declared = stream.declared = int.from_bytes(data[1:5], "big")
+            if declared > self.server.max_message:
+                self._too_large(stream, declared)  # refused from the prefix
+                return False
+            if declared >= SMALL and len(data) - 5 < declared:
+                if not self._reserve(stream, declared):
+                    return False
+                self._receive_into(stream, declared)
+                return True
+        if len(data) > self.server.max_message + 5:
+            self._too_large(stream, len(data) - 5)
+            return False
+        return True
+
+    def _receive_into(self, stream: Stream, declared: int) -> None:
+        """A large unary message (its size taken from the budget): the rest of it is read into a
+        buffer of its size (``get_buffer`` lets the socket write there), which it is parsed from."""
+        data = stream.data
+        if len(data) > 5 + declared:
+            return  # more than one message: refused when the call's request ends
+        into = np.empty(5 + declared, np.uint8).data
+        into[: len(data)] = data
+        stream.into = into
+        stream.filled = len(data)
+        stream.data = bytearray()
+        self.expect = stream
+
+    def _data_end(self, stream: Stream, flags: int, padding: int) -> None:
+        """The DATA frame for ``stream`` ended (``padding``: its bytes not delivered)."""
+        if self.streams.get(stream.sid) is not stream:
+            return
+        stream.unacked += padding
+        if stream.into is not None and stream.filled == len(stream.into) and self.expect is stream:
+            self.expect = None  # all of it is here
         if flags & END_STREAM:
             self._remote_end(stream)
         elif stream.unacked >= STREAM_WINDOW // 4 and self._reader_keeps_up(stream):
             self._ack_stream(stream)
+
+    def _forget_into(self, stream: Stream) -> None:
+        stream.into = None
+        stream.filled = 0
+        if self.expect is stream:
+            self.expect = None
+        if self.frame_stream is stream:
+            self.frame_stream = None  # the rest of a frame for it is dropped
 
     def _ack_connection(self) -> None:
         """Give the connection's window back, unless too much request data waits here
@@ -890,14 +1069,23 @@ class Connection(Sender, asyncio.Protocol):
             return
         if stream.task is not None or stream.trailers is not None:
             return  # already running or answered: its end is this side's to send
-        data = stream.data
-        if len(data) < 5 or stream.declared != len(data) - 5:
-            self._finish(stream, grpc.StatusCode.INTERNAL, "a unary call needs exactly one request message")
-            return
-        stream.data = bytearray()
-        self._take_data(len(data))
-        # the message parsed from the stream's own buffer (a view: the stream has a new one)
-        request = self._message(stream, data[0], memoryview(data)[5:])
+        into = stream.into
+        if into is not None:  # a large message, read into its own buffer
+            if stream.filled != len(into):
+                self._finish(stream, grpc.StatusCode.INTERNAL, ONE_MESSAGE)
+                return
+            self._forget_into(stream)
+            self._take_data(len(into))
+            request = self._message(stream, into[0], into[5:])
+        else:
+            data = stream.data
+            if len(data) < 5 or stream.declared != len(data) - 5:
+                self._finish(stream, grpc.StatusCode.INTERNAL, ONE_MESSAGE)
+                return
+            stream.data = bytearray()
+            self._take_data(len(data))
+            # the message parsed from the stream's own buffer (a view: the stream has a new one)
+            request = self._message(stream, data[0], memoryview(data)[5:])
         if stream.held:
             self._give(stream)
         if request is None:
@@ -949,7 +1137,10 @@ class Connection(Sender, asyncio.Protocol):
                 async with deadline:
                     response = await call(request, stream.context)
             if stream.sid in self.streams:
-                self._send(stream, response.SerializeToString(), TRAILERS_OK)
+                if isinstance(response, Scattered):  # large tensors: written from their buffers
+                    self._send_parts(stream, response, TRAILERS_OK)
+                else:
+                    self._send(stream, response.SerializeToString(), TRAILERS_OK)
         except asyncio.CancelledError:
             return
         except Exception as exc:
@@ -1053,6 +1244,9 @@ class Connection(Sender, asyncio.Protocol):
         if stream.data:
             self._take_data(len(stream.data))
             stream.data = bytearray()
+        if stream.into is not None:
+            self._take_data(stream.filled)
+            self._forget_into(stream)
         if stream.queued:
             self._take_data(stream.queued)
             stream.queued = 0

@@ -46,6 +46,18 @@ CONN_SEND_HARD = 256 * 1024 * 1024
 # bytes of frames queued in one loop iteration before they go to the transport at once (where
 # its high-water mark pauses reading)
 MAX_PENDING_OUT = 1024 * 1024
+# the server's read buffer (connections of its loop take turns: what a read leaves in it is
+# handled, or copied out, before the next read)
+READ_BUFFER = 256 * 1024
+# a DATA frame's payload of at least this many bytes still to come, for a message read into its
+# own buffer, is read straight into it (no copy in user space)
+SINK_FROM = 64 * 1024
+# a response message of at least this many bytes is queued and framed as it is, its bytes never
+# copied (DATA frame heads and views of it, in one vectored write); smaller ones are copied once
+SCATTER_FROM = 64 * 1024
+# frames pending for one write are joined into one buffer below this size, else written as
+# they are (``writelines``)
+JOIN_BELOW = 64 * 1024
 # bytes in the transport's buffer, the peer not reading, past which the connection is closed
 MAX_WRITE_BUFFER = 256 * 1024 * 1024
 # frames handled in one go before the loop turns to its other connections; a header frame of

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from flowserve.frontends.grpc.h2.calls import Stream
+from flowserve.frontends.grpc.h2.calls import Piece, Scattered, Stream
 from flowserve.frontends.grpc.h2.compression import COMPRESS_FROM
 from flowserve.frontends.grpc.h2.frames import (
     DATA,
@@ -32,8 +32,10 @@ from flowserve.frontends.grpc.h2.limits import (
     CONN_SEND_AHEAD,
     CONN_SEND_HARD,
     CREDITED_FLUSH,
+    JOIN_BELOW,
     MAX_PENDING_OUT,
     MAX_WRITE_BUFFER,
+    SCATTER_FROM,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +54,7 @@ class Sender:
     peer_max_frame: int
     out_blocked: int
     unblocked: asyncio.Future[None] | None
-    pending: list[bytes | bytearray]
+    pending: list[Piece]
     pending_size: int
     flush_scheduled: bool
     stalled: bool
@@ -147,6 +149,42 @@ class Sender:
     def _send(self, stream: Stream, message: bytes, trailers: bytes | None) -> None:
         """One response message, then (if given) the trailers ending the call."""
         flag = b"\x00"
+        coding = self._response_headers(stream)
+        compression = self.server.compression
+        if coding is not None and compression is not None and len(message) >= COMPRESS_FROM:
+            message = compression.compress(message, coding)
+            flag = b"\x01"
+        n = len(message)
+        if n < SCATTER_FROM:  # copied once, with its prefix: one piece
+            stream.out.add(flag + n.to_bytes(4, "big") + message)
+        else:  # queued as it is
+            stream.out.add(flag + n.to_bytes(4, "big"))
+            stream.out.add(message)
+        self.out_blocked += n + 5
+        if trailers is not None:
+            stream.trailers = trailers
+        self._flush(stream)
+
+    def _send_parts(self, stream: Stream, response: Scattered, trailers: bytes | None) -> None:
+        """:meth:`_send` for a message given as pieces (``Scattered``): queued and written as
+        they are, never joined (unless the response is to be compressed)."""
+        parts, n = response.wire_parts()
+        coding = stream.reply_encoding
+        if coding is not None and self.server.compression is not None and n >= COMPRESS_FROM:
+            self._send(stream, b"".join(parts), trailers)
+            return
+        self._response_headers(stream)
+        out = stream.out
+        out.add(b"\x00" + n.to_bytes(4, "big"))
+        for part in parts:
+            out.add(part)
+        self.out_blocked += n + 5
+        if trailers is not None:
+            stream.trailers = trailers
+        self._flush(stream)
+
+    def _response_headers(self, stream: Stream) -> bytes | None:
+        """Write the response's HEADERS unless sent; the response's encoding (None: identity)."""
         coding = stream.reply_encoding
         if not stream.headers_sent:
             stream.headers_sent = True
@@ -154,19 +192,7 @@ class Sender:
                 RESPONSE_HEADERS if coding is None else RESPONSE_HEADERS + literal(b"grpc-encoding", coding)
             )
             self._write(frame(HEADERS, END_HEADERS, stream.sid, head))
-        compression = self.server.compression
-        if coding is not None and compression is not None and len(message) >= COMPRESS_FROM:
-            message = compression.compress(message, coding)
-            flag = b"\x01"
-        n = len(message)
-        out = stream.out  # the message is copied once, into the stream's queue
-        out += flag
-        out += n.to_bytes(4, "big")
-        out += message
-        self.out_blocked += n + 5
-        if trailers is not None:
-            stream.trailers = trailers
-        self._flush(stream)
+        return coding
 
     def _finish(self, stream: Stream, code: grpc.StatusCode, message: str | None) -> None:
         """End the call with a status (trailers-only when nothing was sent yet)."""
@@ -191,8 +217,7 @@ class Sender:
         if out:
             room = min(stream.send_window, self.send_window, len(out))
             if room > 0:
-                data = _data_frames(out, room, self.peer_max_frame, stream.sid)
-                del out[:room]
+                frames = _data_frames(out.take(room), room, self.peer_max_frame, stream.sid)
                 stream.send_window -= room
                 self.send_window -= room
                 self.out_blocked -= room
@@ -200,7 +225,7 @@ class Sender:
                     self.flushes += 1  # earns the WINDOW_UPDATEs that answer it
                 if self.unblocked is not None:
                     self._less_blocked()
-                self._write(data)
+                self._write_all(frames, room + 9 * ((room - 1) // self.peer_max_frame + 1))
             if out:
                 self.blocked[stream.sid] = stream
                 if len(out) != stream.charged and not self._charge(stream):
@@ -273,7 +298,7 @@ class Sender:
             if self.send_window <= 0 or self.dead:
                 break
 
-    def _write(self, data: bytes | bytearray) -> None:
+    def _write(self, data: Piece) -> None:
         """Queue bytes for the socket; everything queued in one loop iteration leaves in one
         write (or sooner, past ``MAX_PENDING_OUT``, so that the transport's high-water mark
         pauses reading)."""
@@ -285,12 +310,32 @@ class Sender:
             self.flush_scheduled = True
             self.loop.call_soon(self._write_pending)
 
+    def _write_all(self, pieces: list[Piece], size: int) -> None:
+        """:meth:`_write` for pieces of ``size`` bytes in all."""
+        if len(pieces) == 1:
+            self._write(pieces[0])
+            return
+        self.pending += pieces
+        self.pending_size += size
+        if self.pending_size > MAX_PENDING_OUT:
+            self._write_pending()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._write_pending)
+
     def _write_pending(self) -> None:
+        """One write of what is pending: joined when it is small (one buffer, one copy of little),
+        else a vectored write of the pieces as they are (``writelines``: uvloop's ``writev``)."""
         self.flush_scheduled = False
         transport = self.transport
         if self.pending and transport is not None and not transport.is_closing():
             pending = self.pending
-            transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            if len(pending) == 1:
+                transport.write(pending[0])
+            elif self.pending_size < JOIN_BELOW:
+                transport.write(b"".join(pending))
+            else:
+                transport.writelines(pending)
             if self.stalled and not self.dead:
                 size = transport.get_write_buffer_size()
                 if size > MAX_WRITE_BUFFER:
@@ -306,20 +351,29 @@ class Sender:
         self.pending_size = 0
 
 
-def _data_frames(out: bytearray, room: int, max_frame: int, sid: int) -> bytearray | bytes:
-    """The first ``room`` bytes of ``out`` as DATA frames of at most ``max_frame`` bytes, in
-    one buffer: each payload copied once (slicing, then framing, then joining copied it
-    three times)."""
-    if room <= max_frame:
-        return frame(DATA, 0, sid, out[:room])
-    view = memoryview(out)
-    try:
-        data = bytearray()
-        for start in range(0, room, max_frame):
-            payload = view[start : min(start + max_frame, room)]
-            n = len(payload)
-            data += FRAME_HEAD.pack(n >> 16, n & 0xFFFF, DATA, 0, sid)
-            data += payload
-        return data
-    finally:
-        view.release()  # before the caller resizes ``out``
+def _data_frames(pieces: list[Piece], room: int, max_frame: int, sid: int) -> list[Piece]:
+    """``room`` bytes of response (``pieces``) as DATA frames of at most ``max_frame`` bytes: a
+    frame's head, then the pieces (or views of them) it carries, never copied; a small single
+    piece is framed in one ``bytes``."""
+    if room <= max_frame and (len(pieces) == 1 and room < SCATTER_FROM):
+        return [FRAME_HEAD.pack(room >> 16, room & 0xFFFF, DATA, 0, sid) + pieces[0]]
+    frames: list[Piece] = []
+    left = 0  # bytes the current frame still carries
+    for piece in pieces:
+        view: Piece = piece
+        while len(view):
+            if not left:
+                left = min(max_frame, room)
+                room -= left
+                frames.append(FRAME_HEAD.pack(left >> 16, left & 0xFFFF, DATA, 0, sid))
+            n = len(view)
+            if n <= left:
+                frames.append(view)
+                left -= n
+                break
+            if not isinstance(view, memoryview):
+                view = memoryview(view)
+            frames.append(view[:left])
+            view = view[left:]
+            left = 0
+    return frames

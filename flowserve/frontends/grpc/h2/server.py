@@ -16,6 +16,7 @@ from flowserve.frontends.grpc.h2.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
+    READ_BUFFER,
     limited_log,
 )
 
@@ -67,6 +68,10 @@ class Http2GrpcServer:
         self.notes = limited_log()  # connection ends (GOAWAY), at most once a second
         self.server: asyncio.Server | None = None
         self.port = 0
+        # what every connection reads into (Connection.get_buffer): one read is handled before
+        # the next, whichever connection makes it; and its first frame head's worth
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))
+        self.read_head = self.read_buffer[:9]
 
     def unsent_tight(self) -> bool:
         """Over half the budget of unsent response bytes is taken: streaming calls whose answers
