@@ -26,6 +26,7 @@ from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import service_pb2
 
 from flowserve.core.errors import ResourceExhausted
+from flowserve.frontends.grpc.codec import parse_request
 from flowserve.frontends.grpc.http2 import Method
 
 # fields a request may have besides its BYTES elements (tensors, shapes, parameters, outputs)
@@ -50,14 +51,17 @@ def guard_inference(methods: dict[str, Method], max_bytes_elements: int) -> None
     for name in ("ModelInfer", "ModelStreamInfer"):
         path = f"/inference.GRPCInferenceService/{name}"
         if path in methods:
-            parse = guarded_parser(service_pb2.ModelInferRequest, max_bytes_elements)
+            parse = guarded_parser(service_pb2.ModelInferRequest, max_bytes_elements, parse_request)
             methods[path] = dataclasses.replace(methods[path], parse=parse)
 
 
-def guarded_parser(message_class: Any, max_bytes_elements: int) -> Callable[[bytes | memoryview], Any]:
-    """``message_class.FromString``, refusing a message of more than ``max_bytes_elements`` +
-    OTHER_FIELDS fields before it is parsed (:class:`TooManyFields`)."""
-    parse = message_class.FromString
+def guarded_parser(
+    message_class: Any, max_bytes_elements: int, parse: Callable[[bytes | memoryview], Any] | None = None
+) -> Callable[[bytes | memoryview], Any]:
+    """``parse`` (default ``message_class.FromString``), refusing a message of more than
+    ``max_bytes_elements`` + OTHER_FIELDS fields before it is parsed (:class:`TooManyFields`)."""
+    if parse is None:
+        parse = message_class.FromString
     descriptor: Descriptor = message_class.DESCRIPTOR
     most = max_bytes_elements + OTHER_FIELDS
 
