@@ -36,6 +36,7 @@ RANKS = {
     "frontends": 7,  # flowserve/frontends/__init__.py: names shared by both front ends
     "frontends.http": 7,
     "frontends.grpc": 7,
+    "frontends.openai": 7,
     "observability": 7,
     "cli": 8,
     "server": 8,
@@ -43,7 +44,7 @@ RANKS = {
     "settings": 8,
     "": 8,  # flowserve/__init__.py: the public surface re-exports the engine
 }
-TRANSLATORS = ("frontends.http", "frontends.grpc", "observability")
+TRANSLATORS = ("frontends.http", "frontends.grpc", "frontends.openai", "observability")
 
 # only flowserve/frontends/ speaks a wire protocol
 TRANSPORT = {"grpc", "grpc_health", "grpc_reflection", "uvicorn", "httptools", "hpack", "h2", "h11"}
