@@ -1,0 +1,74 @@
+"""The OpenAI-compatible front end's listener: uvicorn (httptools) on its own port, started
+inside the running event loop. As for the HTTP front end, the socket is bound here (a busy
+port is a clear ``OSError``; port 0 gives the port bound) and uvicorn's ``serve()`` is not used
+(it installs signal handlers, which belong to the composition root)."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import uvicorn
+
+from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends.openai.app import OpenAIApp
+
+KEEP_ALIVE_S = 75
+
+
+class OpenAIListener:
+    """A started OpenAI front end: ``port`` (the bound one, also when 0 was asked) and ``stop``."""
+
+    def __init__(self, server: uvicorn.Server, port: int) -> None:
+        self._server = server
+        self.port = port
+        self._stopped = False
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting, let in-flight requests finish for up to ``grace_s``, then close."""
+        if self._stopped:
+            return
+        self._stopped = True
+        server = self._server
+        server.config.timeout_graceful_shutdown = max(math.ceil(grace_s), 0)
+        await server.shutdown()
+        for connection in list(server.server_state.connections):
+            connection.transport.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"OpenAI front end cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+async def start_openai(plane: DataPlane, host: str, port: int) -> OpenAIListener:
+    """Serve the OpenAI-compatible API for ``plane`` on ``host:port`` (0: any free port)."""
+    config = uvicorn.Config(
+        OpenAIApp(plane),
+        http="httptools",
+        lifespan="off",
+        interface="asgi3",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    sock = _bind(host, port)
+    try:
+        await server.startup(sockets=[sock])
+    except BaseException:
+        sock.close()
+        raise
+    return OpenAIListener(server, int(sock.getsockname()[1]))

@@ -1,0 +1,299 @@
+"""OpenAI requests to the data plane's requests, and the plane's responses to OpenAI's objects
+(pure: no I/O)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowserve.core.errors import ErrorCode, FlowserveError, InvalidArgument
+from flowserve.core.types import InferRequest, InferResponse
+
+# request keys handed to the node's sampling parameters (as Triton's vLLM backend reads them)
+SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+MAX_N = 16
+
+
+@dataclass(slots=True)
+class Completion:
+    """One completion request, read: ``prompt`` text or chat ``messages``."""
+
+    model: str
+    chat: bool
+    stream: bool
+    n: int
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    include_usage: bool = False
+    id: str = ""
+    created: int = 0
+
+
+def read_completion(body: Any, chat: bool) -> Completion:
+    if not isinstance(body, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidArgument("'model' is required (a model or graph name)")
+    n = body.get("n", 1) if body.get("n") is not None else 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    sampling = {k: body[k] for k in SAMPLING if body.get(k) is not None}
+    if chat and body.get("max_completion_tokens") is not None:
+        sampling["max_tokens"] = body["max_completion_tokens"]
+    prefix = "chatcmpl" if chat else "cmpl"
+    req = Completion(
+        model=model,
+        chat=chat,
+        stream=stream,
+        n=n,
+        sampling=sampling,
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+    )
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise InvalidArgument("'messages' must be a non-empty list of message objects")
+        req.messages = [_message(m) for m in messages]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise InvalidArgument("'prompt' must be a non-empty string (one prompt per request)")
+        req.prompt = prompt
+    return req
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    content = m.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = "".join(parts)
+    if not isinstance(m.get("role"), str) or not isinstance(content, str):
+        raise InvalidArgument("each message needs a 'role' and a text 'content'")
+    return {"role": m["role"], "content": content}
+
+
+def plane_request(req: Completion, inputs: Sequence[str]) -> InferRequest:
+    """The plane's request for one choice; ``inputs``: the model's input names (only those it
+    has are sent)."""
+    have = set(inputs)
+    if "text_input" not in have:
+        raise InvalidArgument(f"model '{req.model}' has no 'text_input' input: it is not a generation model")
+    if req.chat and "messages" not in have:
+        raise InvalidArgument(f"model '{req.model}' has no 'messages' input: use /v1/completions")
+    tensors: dict[str, np.ndarray] = {
+        "text_input": np.array([(req.prompt or "").encode()], dtype=object),
+    }
+    if req.messages is not None:
+        tensors["messages"] = np.array([json.dumps(req.messages).encode()], dtype=object)
+    optional = {
+        "stream": np.array([True]),
+        "sampling_parameters": np.array([json.dumps(req.sampling).encode()], dtype=object),
+        "return_finish_reason": np.array([True]),
+        "return_num_input_tokens": np.array([True]),
+        "return_num_output_tokens": np.array([True]),
+    }
+    tensors.update({k: v for k, v in optional.items() if k in have})
+    return InferRequest(model=req.model, inputs=tensors)
+
+
+@dataclass(slots=True)
+class Piece:
+    """What one response of the plane adds to a choice."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    output_tokens: int
+
+
+def piece(response: InferResponse) -> Piece:
+    out = response.outputs
+    text = _first(out.get("text_output"))
+    reason = _first(out.get("finish_reason"))
+    prompt = out.get("num_input_tokens")
+    tokens = out.get("num_output_tokens")
+    return Piece(
+        text=text if isinstance(text, str) else "",
+        finish_reason=reason or None if isinstance(reason, str) else None,
+        prompt_tokens=int(np.asarray(prompt).reshape(-1)[0]) if prompt is not None else None,
+        output_tokens=int(np.asarray(tokens).reshape(-1).sum()) if tokens is not None else 0,
+    )
+
+
+def _first(array: np.ndarray | None) -> Any:
+    if array is None:
+        return None
+    flat = np.asarray(array).reshape(-1)
+    if not flat.size:
+        return ""
+    value = flat[0]
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+@dataclass(slots=True)
+class Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, p: Piece) -> None:
+        self.text += p.text
+        self.finish_reason = p.finish_reason or self.finish_reason
+        if p.prompt_tokens is not None:
+            self.prompt_tokens = p.prompt_tokens
+        self.output_tokens += p.output_tokens
+
+
+def usage(choices: Sequence[Choice]) -> dict[str, int]:
+    prompt = choices[0].prompt_tokens if choices else 0
+    completion = sum(c.output_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_object(req: Completion, choices: Sequence[Choice]) -> dict[str, Any]:
+    if req.chat:
+        body = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason or "stop",
+            }
+            for i, c in enumerate(choices)
+        ]
+    else:
+        body = [
+            {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason or "stop"}
+            for i, c in enumerate(choices)
+        ]
+    return {
+        "id": req.id,
+        "object": "chat.completion" if req.chat else "text_completion",
+        "created": req.created,
+        "model": req.model,
+        "choices": body,
+        "usage": usage(choices),
+    }
+
+
+def chunk_object(req: Completion, index: int, p: Piece | None, first: bool) -> dict[str, Any]:
+    """One streamed chunk for choice ``index`` (``p`` None: the opening chunk of a chat choice,
+    which carries the role)."""
+    reason = p.finish_reason if p is not None else None
+    if req.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if p is not None and p.text:
+            delta["content"] = p.text
+        elif first:
+            delta["content"] = ""
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+    else:
+        choice = {"index": index, "text": p.text if p else "", "logprobs": None, "finish_reason": reason}
+    return {
+        "id": req.id,
+        "object": "chat.completion.chunk" if req.chat else "text_completion",
+        "created": req.created,
+        "model": req.model,
+        "choices": [choice],
+    }
+
+
+def usage_chunk(req: Completion, choices: Sequence[Choice]) -> dict[str, Any]:
+    return {
+        "id": req.id,
+        "object": "chat.completion.chunk" if req.chat else "text_completion",
+        "created": req.created,
+        "model": req.model,
+        "choices": [],
+        "usage": usage(choices),
+    }
+
+
+# --- embeddings ---
+
+
+def read_embeddings(body: Any) -> tuple[str, list[str]]:
+    if not isinstance(body, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidArgument("'model' is required (a model or graph name)")
+    given = body.get("input")
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidArgument("'input' must be a string or a non-empty list of strings")
+    if body.get("encoding_format", "float") != "float":
+        raise InvalidArgument("only 'encoding_format': 'float' is supported")
+    return model, texts
+
+
+def embedding_request(model: str, text: str, meta: Mapping[str, Any]) -> tuple[InferRequest, str]:
+    """The plane's request for one text, and the output holding the vector: the model's one
+    BYTES input and its first numeric output."""
+    text_inputs = [t for t in meta["inputs"] if t["datatype"] == "BYTES"]
+    if len(text_inputs) != 1 or len(meta["inputs"]) != 1:
+        raise InvalidArgument(
+            f"model '{model}' must have exactly one input, of datatype BYTES, for embeddings"
+        )
+    numeric = [o for o in meta["outputs"] if o["datatype"] not in ("BYTES", "BOOL")]
+    if not numeric:
+        raise InvalidArgument(f"model '{model}' has no numeric output to serve as the embedding")
+    spec = text_inputs[0]
+    shape = [1] * max(len(spec["shape"]), 1)
+    array = np.array([text.encode()], dtype=object).reshape(shape)
+    return InferRequest(model=model, inputs={spec["name"]: array}), numeric[0]["name"]
+
+
+def embedding_object(model: str, vectors: Sequence[np.ndarray], tokens: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "model": model,
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": np.asarray(v, dtype=np.float64).reshape(-1).tolist(),
+            }
+            for i, v in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+# --- errors ---
+
+# flowserve's codes -> (HTTP status, OpenAI error type)
+ERRORS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_ARG: (400, "invalid_request_error"),
+    ErrorCode.NOT_FOUND: (404, "not_found_error"),
+    ErrorCode.UNSUPPORTED: (400, "invalid_request_error"),
+    ErrorCode.UNAVAILABLE: (503, "service_unavailable_error"),
+    ErrorCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    ErrorCode.ALREADY_EXISTS: (409, "invalid_request_error"),
+    ErrorCode.CANCELLED: (499, "cancelled"),
+}
+
+
+def error_object(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, FlowserveError):
+        status, kind = ERRORS.get(exc.code, (500, "internal_error"))
+        message = exc.message
+        code = exc.code.value
+    else:
+        status, kind, message, code = 500, "internal_error", f"{type(exc).__name__}: {exc}", "INTERNAL"
+    return status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
