@@ -333,6 +333,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port if args.allow_http else -1,
         grpc_port=args.grpc_port if args.allow_grpc else -1,
         metrics_port=args.metrics_port if args.allow_metrics else -1,
+        openai_port=args.openai_port,
         allow_shm=args.allow_shm,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
@@ -486,6 +487,11 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         serve.add_argument(
             f"--{kind}-port", type=int, default=port, metavar="PORT", help=f"{what} port (negative: off)"
         )
+    common.add_argument(
+        "--openai-port", type=int, default=d.openai_port, metavar="PORT",
+        help="OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
+        "/v1/models) over the generation models and graphs on this port (default: off)",
+    )  # fmt: skip
     for kind, what in (("http", "HTTP/REST"), ("grpc", "gRPC"), ("metrics", "/metrics")):
         serve.add_argument(
             f"--allow-{kind}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",

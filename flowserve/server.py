@@ -10,6 +10,7 @@ serving the process ends with status 0 anyway (see :func:`exit_watchdog`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -18,7 +19,8 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowserve.core.errors import FlowserveError
 from flowserve.dataplane.admission import Admission
@@ -28,7 +30,8 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.nodes.ratelimit import RateLimiter
 from flowserve.repository.placement import Placement
-from flowserve.runtime.registry import State, Status
+from flowserve.repository.repository import Repository
+from flowserve.runtime.registry import NEVER_LOADED, State, Status
 from flowserve.settings import Settings
 
 if TYPE_CHECKING:
@@ -96,14 +99,16 @@ class Server:
         placement = None
         if self.peers is not None:  # a worker of several: pinned models load in one of them
             placement = Placement(self.worker, opts.workers, self.peers.forward, opts.rate_limit != "off")
-        engine = await Engine.start(
+        # the listeners answer while the models load (live, not ready: probes see what Triton
+        # says during a long load), so the repository is opened once they are up
+        repository = Repository(
             opts.model_repositories,
             opts.graph_dirs,
             opts.repository,
             rate_limiter=RateLimiter(opts.rate_limit_resources) if opts.rate_limit != "off" else None,
             placement=placement,
-            poll=self.peers is None,  # the supervisor polls for all workers at once
         )
+        engine = Engine(repository)
         # a worker of several writes its counts where the others read them (cluster/board.py)
         admit = Admission if self.peers is None else self.peers.admission
         admission = admit(opts.max_inflight_requests, opts.max_inflight_per_model)
@@ -173,6 +178,18 @@ class Server:
                 await self._started(
                     "metrics", opts.metrics_port, start_metrics(plane, opts.host, opts.metrics_port, shared)
                 )
+            if opts.openai_port >= 0:
+                from flowserve.frontends.openai import start_openai
+
+                port = opts.openai_port
+                await self._started("OpenAI", port, start_openai(plane, opts.host, port))
+            if self.peers is not None:  # the supervisor's one line for the server (startup_summary)
+                self.peers.serve_local("startup", lambda _: startup_summary(plane).as_dict())
+            if self.worker == 0:
+                shown = ", ".join(f"{protocol} {address}" for protocol, address in self.addresses)
+                log.info("live (%s); loading models and graphs", shown or "no listener")
+            # the supervisor polls for all workers at once
+            await repository.open(poll=self.peers is None)
         except BaseException:
             await self.stop()
             raise
@@ -248,11 +265,67 @@ def hide_command_line() -> None:
 
 def startup_failures(plane: DataPlane, exit_on_error: bool) -> str | None:
     """The one line to stop with when ``--exit-on-error`` is set and a model failed to load."""
-    failed = failed_models(plane)
+    failed = startup_summary(plane).failed
     if not failed or not exit_on_error:
         return None
-    names = ", ".join(s.name for s in failed)
-    return f"{len(failed)} model(s) failed to load ({names}); exiting (--exit-on-error)"
+    return f"{len(failed)} model(s) failed to load ({', '.join(failed)}); exiting (--exit-on-error)"
+
+
+@dataclass
+class StartupSummary:
+    """What the server serves once it has loaded, counted by name (a model with several
+    versions counts once), the same counts in the table and in the line under it."""
+
+    serving: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # failed to load (see failed_models)
+    reasons: dict[str, str] = field(default_factory=dict)  # of the failed ones
+    ready: bool = True  # what /v2/health/ready answers (this process; with --strict-readiness)
+    strict: bool = True
+
+    @property
+    def clean(self) -> bool:
+        """Ready, and everything it was to load serves."""
+        return self.ready and not self.failed
+
+    @property
+    def empty(self) -> bool:
+        return not self.serving and not self.failed
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def counts(self) -> str:
+        """``serving 1 of 2; 1 failed: broken`` (``serving 2 of 2`` when nothing failed)."""
+        text = f"serving {len(self.serving)} of {len(self.serving) + len(self.failed)}"
+        return text + (f"; {len(self.failed)} failed: {', '.join(self.failed)}" if self.failed else "")
+
+    def line(self, where: str) -> str:
+        """The one line that ends the server's start (``where``: its listeners): ``flowserve
+        ready`` only when /v2/health/ready says so, else what is not and why."""
+        if self.empty:
+            return f"flowserve ready, serving nothing (no models or graphs were loaded): {where}"
+        if not self.failed:
+            return f"flowserve ready: {where}"
+        if self.ready:
+            return f"flowserve ready: {self.counts()} (--strict-readiness=false): {where}"
+        why = "not ready until they load (--strict-readiness), serving the others"
+        return f"flowserve not ready: {self.counts()}; {why}: {where}"
+
+
+def startup_summary(plane: DataPlane) -> StartupSummary:
+    failed = failed_models(plane)
+    reasons: dict[str, str] = {}
+    for status in failed:
+        reasons.setdefault(status.name, " ".join(status.reason.split()))
+    serving = sorted({s.name for s in plane.model_states() if s.state is State.READY})
+    strict = bool(getattr(plane, "strict_readiness", False))
+    return StartupSummary(
+        serving=serving,
+        failed=sorted(reasons),
+        reasons=reasons,
+        ready=plane.engine.ready() and not (strict and failed),
+        strict=strict,
+    )
 
 
 async def serve(options: ServerOptions) -> int:
@@ -270,12 +343,14 @@ async def serve(options: ServerOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     try:
-        plane = await server.start()
+        plane = await _start_unless_stopped(server, stopping)
     except (StartupError, OSError) as exc:
         return _cannot_start(str(exc))
     except FlowserveError as exc:
         return _cannot_start(exc.message)
-    failed = failed_models(plane)
+    if plane is None:  # SIGTERM while loading
+        log.info("stopped while loading")
+        return 0
     print(startup_table(plane, server.addresses), flush=True)
     stop_line = startup_failures(plane, options.exit_on_error)
     if stop_line is not None:
@@ -287,19 +362,46 @@ async def serve(options: ServerOptions) -> int:
     gc.collect()
     gc.freeze()
     ports = ", ".join(f"{protocol} {address}" for protocol, address in server.addresses)
-    log.info("flowserve ready (%s)", ports)
-    if failed and options.strict_readiness:
-        log.warning(
-            "%d model(s) failed to load: the server is live but not ready (--strict-readiness); "
-            "it serves the others",
-            len(failed),
-        )
-    print(f"flowserve ready: {ports or 'no listener'}", flush=True)
+    summary = startup_summary(plane)
+    if summary.empty:
+        log.warning("nothing to serve: %s", _nothing_found(options))
+    line = summary.line(ports or "no listener")
+    (log.info if summary.clean else log.warning)("%s", line)
+    print(line, flush=True)
     await stopping.wait()
     log.info("shutting down (in-flight requests get %.0f s)", options.shutdown_grace_s)
     await server.stop()
     log.info("stopped")
     return 0
+
+
+async def _start_unless_stopped(server: Server, stopping: asyncio.Event) -> DataPlane | None:
+    """``server.start()``, unless SIGTERM/SIGINT comes first (a pod stopped during a long
+    load): then the load is abandoned, the listeners stopped, and None returned."""
+    starting = asyncio.ensure_future(server.start())
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if starting.done():
+        return starting.result()
+    starting.cancel()
+    with contextlib.suppress(Exception, asyncio.CancelledError):  # stopping anyway
+        await starting
+    await server.stop()
+    return None
+
+
+def _nothing_found(options: ServerOptions) -> str:
+    """Why an empty start serves nothing: where it looked, or the explicit mode's choice."""
+    repository = options.repository
+    if repository.control_mode == "explicit" and not repository.load_models:
+        return "explicit mode and no --load-model (load models through the repository API)"
+    places = [str(p) for p in options.model_repositories] + [str(p) for p in options.graph_dirs]
+    if not places:
+        return "no --model-repository or --graphs given (and no ./model_repository or ./graphs here)"
+    return f"no model directories or graph files in {', '.join(places)}"
 
 
 def _cannot_start(message: str) -> int:
@@ -337,8 +439,9 @@ def startup_table(plane: DataPlane, addresses: list[tuple[str, str]]) -> str:
     ]
     if len(rows) == 1:
         lines.append("(no models or graphs)")
-    ready = sum(1 for s in statuses if s.state is State.READY)
-    lines.append(f"{ready} of {len(statuses)} ready")
+    summary = startup_summary(plane)
+    never = len({s.name for s in statuses if s.reason == NEVER_LOADED} - set(summary.serving))
+    lines.append(summary.counts() + (f" ({never} not loaded: explicit mode)" if never else ""))
     lines += [f"{protocol:<8}{address}" for protocol, address in addresses]
     return "\n".join(lines)
 

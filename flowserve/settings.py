@@ -53,6 +53,8 @@ class Settings:
     http_port: int = 8000  # negative: no listener (each of the three)
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # the OpenAI-compatible front end (flowserve/frontends/openai/, --openai-port); negative: off
+    openai_port: int = -1
     # client system shared memory, on as in Triton (--allow-shm=false, or restrict the
     # shared-memory API category with --http-restricted-api / --grpc-restricted-protocol)
     allow_shm: bool = True

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,9 @@ def test_exit_on_error_and_the_startup_table_with_workers(repository: Path) -> N
         "--metrics-port=-1", "--workers=2", "--exit-on-error", "--log-level=ERROR",
     )  # fmt: skip
     assert done.returncode == 1, done
-    assert "Traceback" not in done.stderr
+    # the one traceback logged is the failing model's own code (file:line), no crash of ours
+    assert 'broken/1/model.py", line 3, in initialize' in done.stderr, done.stderr
+    assert f'File "{ROOT / "flowserve"}' not in done.stderr
     assert "flowserve ready" not in done.stdout
     # one table for the server (worker 0's), and the reason in the worker's line
     table = done.stdout.splitlines()
@@ -251,13 +254,29 @@ def started(server_factory: Any, repository: Path) -> Any:
     return start
 
 
+def _printed(server: Any, line: str, wait_s: float = 10.0) -> bool:
+    """Whether the server printed ``line`` (on stdout: a line of its own, not a log line),
+    waiting a little for it (the log's copy of it may have been read first)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if line + "\n" in server.output:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.mark.slow
 def test_startup_table_strict_readiness_and_shared_memory(started: Any) -> None:
     server = started()
     out = "".join(server.output)
-    assert "1 of 2 ready" in out
+    assert "serving 1 of 2; 1 failed: broken\n" in out  # under the table, and in the last line
     assert f"HTTP    http://127.0.0.1:{server.http_port}" in out
-    assert f"flowserve ready (HTTP http://127.0.0.1:{server.http_port})" in out
+    assert "flowserve ready" not in out  # it is not: strict readiness and a model failed
+    assert _printed(
+        server,
+        "flowserve not ready: serving 1 of 2; 1 failed: broken; not ready until they load "
+        f"(--strict-readiness), serving the others: HTTP http://127.0.0.1:{server.http_port}",
+    )
     line = next(x for x in server.output if x.startswith("broken"))
     assert "UNAVAILABLE" in line and "broken on purpose" in line, line
     client = httpclient.InferenceServerClient(server.http_url)
@@ -272,6 +291,11 @@ def test_startup_table_strict_readiness_and_shared_memory(started: Any) -> None:
 @pytest.mark.slow
 def test_readiness_not_strict_and_shared_memory_off(started: Any) -> None:
     server = started("--strict-readiness=false", "--allow-shm=false")
+    assert _printed(
+        server,
+        "flowserve ready: serving 1 of 2; 1 failed: broken (--strict-readiness=false): "
+        f"HTTP http://127.0.0.1:{server.http_port}",
+    )
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         assert client.is_server_ready()
@@ -294,7 +318,9 @@ def test_startup_table_lists_every_state() -> None:
             assert failed_models(plane) == []  # never loaded (explicit mode) is not a failure
             assert plane.ready()
             text = startup_table(plane, [("HTTP", "http://h:1")])
-            assert "0 of" in text and text.splitlines()[-1] == "HTTP    http://h:1"
+            assert text.splitlines()[-1] == "HTTP    http://h:1"
+            assert text.splitlines()[-2].startswith("serving 0 of 0 (")  # ... not loaded: explicit mode
+            assert text.splitlines()[-2].endswith(" not loaded: explicit mode)")
         finally:
             await engine.stop()
 
@@ -305,3 +331,209 @@ def _explicit() -> Any:
     from flowserve.repository.settings import RepositorySettings
 
     return RepositorySettings(control_mode="explicit")
+
+
+# ------------------------------------------------------------------ long loads
+
+SLOW_GRAPH = """
+name: slow
+inputs:
+  x: {datatype: FP32, dims: [4]}
+outputs:
+  y: pre.y
+nodes:
+  pre:
+    python: slow_start_node:Pre
+    inputs: {x: $x}
+    outputs: {y: {datatype: FP32, dims: [4]}}
+"""
+SLOW_NODE = """
+import time
+
+
+class Pre:
+    def initialize(self, config):
+        time.sleep(%s)
+
+    def execute(self, inputs):
+        return {"y": inputs["x"]}
+"""
+
+
+def _slow_project(tmp_path: Path, seconds: float) -> Path:
+    """A graphs folder whose one graph's node takes ``seconds`` in initialize."""
+    (tmp_path / "slow_start_node.py").write_text(SLOW_NODE % seconds)
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    (graphs / "slow.yaml").write_text(SLOW_GRAPH)
+    return graphs
+
+
+def _status(url: str) -> int | None:
+    """The HTTP status of GET ``url``; None when nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+class _Serving:
+    """A ``flowserve serve`` subprocess whose output is read as it comes."""
+
+    def __init__(self, *argv: str) -> None:
+        import threading
+
+        cmd = [sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1", *argv]
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        self.lines: list[str] = []
+        self.pump = threading.Thread(target=self._pump, daemon=True)
+        self.pump.start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = next((line for line in list(self.lines) if text in line), None)
+            if found is not None:
+                return found
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {text!r}:\n" + "\n".join(self.lines))
+
+    def printed(self, line: str, timeout_s: float = 10.0) -> bool:
+        """Whether ``line`` came as a line of its own (printed, not logged)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if line in self.lines:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> int:
+        import signal
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.pump.join(5)
+        return int(self.process.returncode)
+
+
+def _probe_while_loading(http: int, serving: _Serving) -> list[tuple[int | None, int | None]]:
+    """(live, ready) statuses seen while the server loads (until its last startup line)."""
+    seen: list[tuple[int | None, int | None]] = []
+    base = f"http://127.0.0.1:{http}/v2/health"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("flowserve ready" in line for line in serving.lines):
+        if serving.process.poll() is not None:
+            break
+        live = _status(f"{base}/live")
+        if live is not None and not any("flowserve ready" in line for line in serving.lines):
+            seen.append((live, _status(f"{base}/ready")))
+        time.sleep(0.2)
+    return seen
+
+
+@pytest.mark.slow
+def test_health_answers_while_a_slow_initialize_loads(tmp_path: Path) -> None:
+    """Live (200) and not ready (400, as Triton answers) while a node's initialize runs, a progress line every
+    few seconds, then ready (as Triton's probes behave during a long load)."""
+    graphs = _slow_project(tmp_path, 5)
+    http = free_port()
+    serving = _Serving("--graphs", str(graphs), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1")
+    try:
+        serving.wait_for("loading models and graphs")  # the listener is up before the load
+        seen = _probe_while_loading(http, serving)
+        assert (200, 400) in seen, seen  # live, not ready, while loading
+        assert all(live == 200 and ready == 400 for live, ready in seen[:-1]), seen
+        progress = serving.wait_for("loading graph 'slow' version 1, node 'pre' (")
+        assert progress.endswith(" s)..."), progress
+        assert serving.wait_for("flowserve ready:").endswith(f"flowserve ready: HTTP http://127.0.0.1:{http}")
+        assert _status(f"http://127.0.0.1:{http}/v2/health/ready") == 200
+    finally:
+        assert serving.stop() == 0
+
+
+@pytest.mark.slow
+def test_health_answers_while_loading_with_workers(tmp_path: Path) -> None:
+    graphs = _slow_project(tmp_path, 5)
+    http = free_port()
+    serving = _Serving(
+        "--graphs", str(graphs), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1", "--workers=2"
+    )
+    try:
+        seen = _probe_while_loading(http, serving)
+        assert (200, 400) in seen, seen
+        assert serving.wait_for("flowserve ready:").endswith(f"flowserve ready: 2 workers, HTTP :{http}")
+        assert _status(f"http://127.0.0.1:{http}/v2/health/ready") == 200
+    finally:
+        assert serving.stop() == 0
+
+
+@pytest.mark.slow
+def test_workers_say_not_ready_when_a_model_failed(repository: Path) -> None:
+    http = free_port()
+    serving = _Serving(
+        "--model-repository", str(repository), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1",
+        "--workers=2",
+    )  # fmt: skip
+    try:
+        serving.wait_for("flowserve not ready:")
+        assert serving.printed(
+            "flowserve not ready: serving 1 of 2; 1 failed: broken; not ready until they load "
+            f"(--strict-readiness), serving the others: 2 workers, HTTP :{http}"
+        )
+        assert not any("flowserve ready" in x for x in serving.lines)
+    finally:
+        assert serving.stop() == 0
+
+
+@pytest.mark.slow
+def test_stopped_while_loading(tmp_path: Path) -> None:
+    """SIGTERM during a long load stops the server (a pod stopped while it starts)."""
+    graphs = _slow_project(tmp_path, 60)
+    http = free_port()
+    serving = _Serving("--graphs", str(graphs), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1")
+    try:
+        serving.wait_for("loading models and graphs")
+        assert _status(f"http://127.0.0.1:{http}/v2/health/live") == 200
+    finally:
+        assert serving.stop() == 0  # within stop()'s 30 s, not after the 60 s load (else killed)
+    assert any("stopped while loading" in line for line in serving.lines), serving.lines
+
+
+@pytest.mark.slow
+def test_an_empty_repository_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    http = free_port()
+    serving = _Serving(
+        "--model-repository", str(empty), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1"
+    )
+    try:
+        assert serving.wait_for("WARNING flowserve: nothing to serve").endswith(
+            f"nothing to serve: no model directories or graph files in {empty}"
+        )
+        assert serving.printed(
+            f"flowserve ready, serving nothing (no models or graphs were loaded): HTTP http://127.0.0.1:{http}"
+        ), serving.lines
+    finally:
+        assert serving.stop() == 0

@@ -166,9 +166,9 @@ class Supervisor:
                 if not self._all_ready.is_set():
                     log.error("the workers were not all ready after %.0f s", START_TIMEOUT_S)
                     return 1
-                ports = self._ports()
-                log.info("flowserve ready: %d workers (%s)", self.count, ports)
-                print(f"flowserve ready: {self.count} workers, {ports}", flush=True)
+                clean, line = await self._ready_line()
+                (log.info if clean else log.warning)("%s", line)
+                print(line, flush=True)
                 if self.settings.repository.control_mode == "poll":
                     poller = asyncio.create_task(self._poll(), name="flowserve-cluster-poll")
                 await stop.wait()
@@ -188,6 +188,24 @@ class Supervisor:
                 self._server.close()
             shutil.rmtree(self.directory, ignore_errors=True)
         return 0
+
+    async def _ready_line(self) -> tuple[bool, str]:
+        """The line that ends the server's start: ``flowserve ready: N workers, ...`` only when
+        every worker answers ready, else what failed (worker 0's summary; every worker loads
+        the same models); and whether all is well (ready, nothing failed)."""
+        from flowserve.server import StartupSummary
+
+        where = f"{self.count} workers, {self._ports()}"
+        try:
+            answers = await self._gather("local", {"kind": "startup", "args": {}})
+        except Exception as exc:  # an old worker, or one gone meanwhile: readiness says the rest
+            log.warning("could not ask the workers what they serve: %s", exc)
+            return True, f"flowserve ready: {where}"
+        if not answers:
+            return True, f"flowserve ready: {where}"
+        summary = StartupSummary(**answers[0])
+        summary.ready = all(answer["ready"] for answer in answers)
+        return summary.clean, summary.line(where)
 
     def _ports(self) -> str:
         s = self.settings

@@ -122,6 +122,8 @@ class Repository:
         self.plans: dict[str, Plan] = {}
         self.fingerprints: dict[str, str] = {}
         self.live = True
+        # True while open() loads what the server starts with: live, not ready (as Triton)
+        self.loading = False
         self._overrides: Path | None = None
         self._poller: asyncio.Task[None] | None = None
         self._reload_failures: dict[str, str] = {}
@@ -137,13 +139,17 @@ class Repository:
         poll mode, start polling (unless ``poll`` is False: a worker of several is polled by the
         supervisor, all workers at once)."""
         add_import_roots(self.graph_dirs)
-        async with self._lock:
-            try:
-                await self.remote.sync(settle=True)
-            except BaseException:
-                self.remote.close()
-                raise
-            await self._load_from_scan(self.settings.loads_at_start())
+        self.loading = True
+        try:
+            async with self._lock:
+                try:
+                    await self.remote.sync(settle=True)
+                except BaseException:
+                    self.remote.close()
+                    raise
+                await self._load_from_scan(self.settings.loads_at_start())
+        finally:
+            self.loading = False
         if self.settings.control_mode == "poll" and poll:
             self._poller = asyncio.create_task(self._poll_forever(), name="flowserve-poll")
 
@@ -242,6 +248,7 @@ class Repository:
         for version in versions:
             stats = ModelStats()
             started: list[Node] = []
+            progress = _Progress(f"{kind} '{name}' version {version}", self.clock)
             try:
                 if forwarded:
                     assert model is not None and self.placement is not None
@@ -251,6 +258,7 @@ class Repository:
                         plan, self.registry, model, version, stats, self.clock, self.cache, self.load_settings
                     )
                 for node in nodes:
+                    progress.doing = f"node '{node.name}'"
                     try:
                         await node.start()
                     except Exception as exc:
@@ -273,6 +281,8 @@ class Repository:
                     _traceback(exc),
                 )
                 continue
+            finally:
+                progress.stop()
             if executor.decoupled and graph is not None:
                 mark_decoupled(config)  # clients must stream
             loaded.append(
@@ -513,7 +523,8 @@ class Repository:
     # ---------------------------------------------------------------- inference
 
     def ready(self) -> bool:
-        return self.live
+        """Live and done loading what the server starts with."""
+        return self.live and not self.loading
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.registry.ready(name, version)
@@ -539,6 +550,32 @@ def _runner(plan: Plan, executor: Executor) -> Callable[[TensorMap], Awaitable[o
         return await executor.run(inputs, ctx)
 
     return run
+
+
+# a load that takes longer than this says so, again every this many seconds
+PROGRESS_S = 3.0
+
+
+class _Progress:
+    """While one version loads, a log line every PROGRESS_S seconds: what loads, the node it
+    is starting (a slow initialize) and for how long, so a long start is not a silent one."""
+
+    def __init__(self, what: str, clock: Clock) -> None:
+        self.what = what
+        self.doing = ""
+        self.clock = clock
+        self.started_ns = clock.now_ns()
+        self.task = asyncio.get_running_loop().create_task(self._report(), name="flowserve-load-progress")
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            seconds = (self.clock.now_ns() - self.started_ns) / 1e9
+            doing = f", {self.doing}" if self.doing else ""
+            log.info("loading %s%s (%.0f s)...", self.what, doing, seconds)
+
+    def stop(self) -> None:
+        self.task.cancel()
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
