@@ -102,7 +102,7 @@ def start_server(
         with proc.stdout:
             for line in proc.stdout:
                 server.output.append(line)
-                if "flowserve ready" in line:
+                if "flowserve ready" in line or "flowserve not ready" in line:  # started
                     ready.set()
 
     server.pump = threading.Thread(target=pump, daemon=True)
