@@ -487,7 +487,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         serve.add_argument(
             f"--{kind}-port", type=int, default=port, metavar="PORT", help=f"{what} port (negative: off)"
         )
-    common.add_argument(
+    serve.add_argument(
         "--openai-port", type=int, default=d.openai_port, metavar="PORT",
         help="OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
         "/v1/models) over the generation models and graphs on this port (default: off)",
