@@ -14,7 +14,6 @@ import base64
 import contextlib
 import logging
 import random
-import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from flowserve.dataplane.admission import Admission
 from flowserve.dataplane.cudashm import CudaSharedMemoryRegistry
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.guard import Guards
+from flowserve.dataplane.headers import HeaderPattern
+from flowserve.dataplane.parameters import model_parameters
 from flowserve.dataplane.peers import Peers
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.dataplane.streams import decouple
@@ -116,7 +117,7 @@ class DataPlane:
         self.admission = admission or Admission()
         self.trace_settings = TraceSettings()
         # "http"/"grpc" -> which request headers become request parameters (dataplane/headers.py)
-        self.header_forward: dict[str, re.Pattern[str]] = {}
+        self.header_forward: dict[str, HeaderPattern] = {}
         self.model_trace_settings: dict[str, TraceSettings] = {}
         # called with every finished trace (the observability layer writes trace files)
         self.on_trace: Callable[[Trace], None] | None = None
@@ -183,6 +184,8 @@ class DataPlane:
         """Run one request. With several workers, a request that would wait here behind others
         of its model may run on a less busy worker instead (``spill``; see
         :meth:`Peers.spill_target`), so the requests of one connection use every worker."""
+        if request.parameters:  # what the model sees (dataplane/parameters.py)
+            request.parameters = model_parameters(request.parameters)
         model = request.model
         peers = self.peers
         if spill and peers is not None and _movable(request):
@@ -209,6 +212,8 @@ class DataPlane:
         """Every response to one request (several for a decoupled model or graph). With several
         workers, the one response of a model that is not decoupled may come from another worker,
         as in :meth:`infer` (a decoupled model's stream runs here)."""
+        if request.parameters:
+            request.parameters = model_parameters(request.parameters)
         model = request.model
         peers = self.peers
         if peers is not None:
@@ -234,6 +239,15 @@ class DataPlane:
             self.admission.leave(model)
             if trace is not None:
                 self._record(trace)
+
+    def check_request(self, request: InferRequest) -> None:
+        """Refuse now (InvalidArgument) a request the model would refuse, before anything runs:
+        its parameters (reserved keys) and its inputs (names, count, types, shapes). For a front
+        end that answers a refused request otherwise than a failed one (``generate_stream``: a
+        JSON error, not an event); :meth:`stream` checks the same again."""
+        if request.parameters:
+            request.parameters = model_parameters(request.parameters)
+        self.engine.registry.get(request.model, request.version).validate(request.inputs)
 
     def _record(self, trace: Trace) -> None:
         self.traces.append(trace)

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 from flowserve.core.errors import InvalidArgument, Unsupported
 from flowserve.core.types import InferRequest
 from flowserve.dataplane.cudashm import NO_CUDA_SHM
-from flowserve.dataplane.headers import forward_headers
+from flowserve.dataplane.headers import forward_headers, matching_headers
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.grpc import messages
 from flowserve.frontends.grpc.codec import (
@@ -62,8 +62,6 @@ class _Failed:
 
     code: grpc.StatusCode
     message: str
-
-
 
 
 def rpc(method: _Method[_S]) -> _Method[_S]:
@@ -141,6 +139,9 @@ class InferenceServicer:
         status instead."""
         metadata = context.invocation_metadata() or ()
         grpc_error = any(k == GRPC_ERROR and str(v).lower() == "true" for k, v in metadata)
+        pattern = self._plane.header_forward.get("grpc")
+        # the stream's metadata, forwarded to every request of it (as Triton does)
+        forwarded = matching_headers(metadata, pattern) if pattern is not None else []
         peer = peer_host(context)
         window = asyncio.Semaphore(STREAM_WINDOW)
         pending: asyncio.Queue[asyncio.Queue[Any] | None] = asyncio.Queue()
@@ -151,7 +152,7 @@ class InferenceServicer:
                 async for msg in request_iterator:
                     await window.acquire()
                     out: asyncio.Queue[Any] = asyncio.Queue(RESPONSES_AHEAD)
-                    task = asyncio.create_task(self._stream_one(msg, out, grpc_error, peer))
+                    task = asyncio.create_task(self._stream_one(msg, out, grpc_error, peer, forwarded))
                     running.add(task)
                     task.add_done_callback(running.discard)
                     pending.put_nowait(out)
@@ -178,13 +179,23 @@ class InferenceServicer:
                     log.error("a stream request's task failed", exc_info=outcome)
 
     async def _stream_one(
-        self, msg: Any, out: asyncio.Queue[Any], grpc_error: bool = False, peer: str = ""
+        self,
+        msg: Any,
+        out: asyncio.Queue[Any],
+        grpc_error: bool = False,
+        peer: str = "",
+        forwarded: list[tuple[str, str]] | None = None,
     ) -> None:
         """Every response to one stream request into ``out``, then _END (an error: a response
-        carrying it, or with ``grpc_error`` a :class:`_Failed` that ends the stream)."""
+        carrying it, or with ``grpc_error`` a :class:`_Failed` that ends the stream).
+        ``forwarded``: the stream's headers that become parameters of each of its requests."""
         try:
             request, targets = await self._decode_off_loop(msg)
             request.peer = peer
+            if forwarded:
+                parameters = request.parameters
+                for name, value in forwarded:
+                    parameters.setdefault(name, value)
             final_flag = request.parameters.get(EMPTY_FINAL) is True
             decoupled = final_flag and self._decoupled(request)
             async for response in self._plane.stream(request):
