@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import faulthandler
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from flowserve.repository.settings import RepositorySettings
 from flowserve.settings import Settings
 
 if TYPE_CHECKING:
+    from flowserve.dataplane.headers import HeaderPattern
     from flowserve.frontends.grpc.tls import GrpcTls
     from flowserve.nodes.ratelimit import ResourceLimit
     from flowserve.observability.traceconfig import TraceConfig
@@ -167,7 +167,7 @@ def _remote_and_rate_limits(args: argparse.Namespace) -> tuple[RemoteOptions, li
     return remote, [parse_resource_limit(text) for text in args.rate_limit_resource or []]
 
 
-def _header_forward(args: argparse.Namespace) -> dict[str, re.Pattern[str]]:
+def _header_forward(args: argparse.Namespace) -> dict[str, HeaderPattern]:
     from flowserve.dataplane.headers import compile_pattern
 
     out = {}

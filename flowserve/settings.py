@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from flowserve.dataplane.guard import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_UNSENT_BYTES,
 )
+from flowserve.dataplane.headers import HeaderPattern
 from flowserve.repository.settings import RepositorySettings
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Settings:
     rate_limit: str = "off"
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # "http"/"grpc" -> headers forwarded as request parameters (dataplane/headers.py)
-    header_forward: dict[str, re.Pattern[str]] = field(default_factory=dict)
+    header_forward: dict[str, HeaderPattern] = field(default_factory=dict)
     # --trace-config: start-up trace settings, and the OTLP export in opentelemetry mode
     trace_config: TraceConfig | None = None
     # --ray-address: the Ray cluster KIND_RAY instances run on ("": none; "auto": this machine's,
