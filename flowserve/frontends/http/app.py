@@ -57,6 +57,7 @@ from flowserve.core.errors import (
     ResourceExhausted,
     Unsupported,
 )
+from flowserve.core.types import InferRequest
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.cudashm import NO_CUDA_SHM
 from flowserve.dataplane.guard import SMALL
@@ -67,7 +68,14 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
 from flowserve.frontends.http.errors import HttpStatusError, error_body, http_status
-from flowserve.frontends.http.generate import generate_events, generate_request, generate_response
+from flowserve.frontends.http.generate import (
+    SSE_CONTENT_TYPE,
+    generate_events,
+    generate_one,
+    generate_request,
+    generate_response,
+    parse_body,
+)
 from flowserve.frontends.http.infer import (
     TOO_DEEP,
     decode_request_off_loop,
@@ -110,9 +118,10 @@ class Reply:
 
 @dataclass(slots=True)
 class StreamReply:
-    """A streamed answer: server-sent events, each chunk sent as it is produced."""
+    """A streamed answer: server-sent events, each chunk sent as it is produced, with the HTTP
+    status the first one sets (200 when there is none)."""
 
-    events: AsyncIterator[bytes]
+    events: AsyncIterator[tuple[int, bytes]]
 
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
@@ -311,20 +320,33 @@ class HttpApp:
         return json_reply(await self.plane.server_statistics(name, version))
 
     async def _generate(self, name: str, version: str, scope: Scope, receive: Receive) -> Reply:
-        doc = await self._json_body(scope, receive, "generate request")
-        request = generate_request(self.plane, name, version, doc)
-        request.peer = client_address(scope)
-        del doc
-        responses = [r async for r in self.plane.stream(request)]
-        if len(responses) != 1:
-            raise Unsupported(f"model '{name}' answered {len(responses)} responses: use generate_stream")
-        return json_reply(generate_response(responses[0]))
+        request = await self._generate_request(name, version, scope, receive)
+        return json_reply(generate_response(await generate_one(self.plane, request)))
 
     async def _generate_stream(self, name: str, version: str, scope: Scope, receive: Receive) -> StreamReply:
-        doc = await self._json_body(scope, receive, "generate request")
-        request = generate_request(self.plane, name, version, doc)
-        request.peer = client_address(scope)
+        request = await self._generate_request(name, version, scope, receive)
+        # a request the model refuses is a JSON error, not an event (as Triton answers it)
+        self.plane.check_request(request)
         return StreamReply(generate_events(self.plane, request))
+
+    async def _generate_request(
+        self, name: str, version: str, scope: Scope, receive: Receive
+    ) -> InferRequest:
+        headers = read_headers(scope)
+        body = await self._body(headers, receive, scope, "generate request")
+        if headers.content_encoding and headers.content_encoding != "identity":
+            body = await self._inflate(body, headers.content_encoding, scope, json_only=True)
+        if len(body) <= JSON_IN_THREAD:
+            doc = parse_body(body)
+        else:  # the standard library's parser: held to the budget, off the loop
+            self._hold(scope, len(body) * JSON_EXPANSION)
+            doc = await asyncio.to_thread(parse_body, body)
+        del body
+        request = generate_request(self.plane, name, version, doc)
+        if "http" in self.plane.header_forward:
+            forward_headers(request.parameters, scope["headers"], self.plane.header_forward["http"])
+        request.peer = client_address(scope)
+        return request
 
     # ------------------------------------------------------------------ inference
 
@@ -746,11 +768,11 @@ def _compress(reply: Reply, accept: str) -> None:
 
 
 async def _send_stream(send: Send, receive: Receive, reply: StreamReply) -> None:
-    """Send the events as they come; a client that goes away (``receive`` answers
-    ``http.disconnect``, on either server) cancels the stream at once, which closes the
-    event generator and with it the graph's work for this request."""
-    headers: Headers = [(b"Content-Type", b"text/event-stream"), (b"Cache-Control", b"no-cache")]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    """Send the events as they come, the answer's status being the first event's (Triton's
+    generate_stream: a model whose first answer is an error sets the error's status); a client
+    that goes away (``receive`` answers ``http.disconnect``, on either server) cancels the
+    stream at once, which closes the event generator and with it the graph's work for this
+    request."""
     pump = asyncio.ensure_future(_pump(send, reply.events))
     watch = asyncio.ensure_future(_until_disconnect(receive))
     try:
@@ -764,10 +786,19 @@ async def _send_stream(send: Send, receive: Receive, reply: StreamReply) -> None
         pump.result()  # what went wrong in it, if anything
 
 
-async def _pump(send: Send, events: AsyncIterator[bytes]) -> None:
+_SSE_HEADERS: Headers = [(b"Content-Type", SSE_CONTENT_TYPE), (b"Cache-Control", b"no-cache")]
+
+
+async def _pump(send: Send, events: AsyncIterator[tuple[int, bytes]]) -> None:
+    started = False
     try:
-        async for event in events:
+        async for status, event in events:
+            if not started:
+                await send({"type": "http.response.start", "status": status, "headers": _SSE_HEADERS})
+                started = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
+        if not started:  # no response at all (a decoupled model may send none)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         await send({"type": "http.response.body", "body": b""})
     finally:
         aclose = getattr(events, "aclose", None)
