@@ -97,7 +97,7 @@ def test_decoupled_repeat_over_sse(server: ServerProcess) -> None:
     conn.request("POST", "/v2/models/repeat/generate_stream", body, {"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200
-    assert response.getheader("Content-Type") == "text/event-stream"
+    assert response.getheader("Content-Type") == "text/event-stream; charset=utf-8"
     text = response.read().decode()
     conn.close()
     events = [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
