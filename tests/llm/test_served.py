@@ -1,0 +1,201 @@
+"""The generation model served: the official ``openai`` client against the OpenAI-compatible
+front end (completions, chat, SSE streaming, usage, n, stop, errors in OpenAI's shape), and
+Triton's vLLM client paths (gRPC streaming with tritonclient, HTTP generate and
+generate_stream) against the same model in Triton's vLLM layout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from tests.llm.tinymodel import write_llm_model
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+class Served:
+    def __init__(self, server: Any, plane: Any) -> None:
+        self.server = server
+        self.plane = plane
+
+    def port(self, protocol: str) -> int:
+        for listener, (name, _) in zip(self.server.listeners, self.server.addresses, strict=True):
+            if name == protocol:
+                return int(listener.port)
+        raise KeyError(protocol)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    from flowserve.server import Server, ServerOptions
+
+    repo = tmp_path_factory.mktemp("served-repo")
+    write_llm_model(repo, "tiny", tiny_model)
+    options = ServerOptions(
+        model_repositories=[repo], host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=-1, openai_port=0
+    )
+    server = Server(options)
+    plane = await server.start()
+    try:
+        for _ in range(600):
+            if plane.model_ready("tiny"):
+                break
+            await asyncio.sleep(0.05)
+        yield Served(server, plane)
+    finally:
+        for c in _clients.values():
+            await c.close()
+        _clients.clear()
+        await server.stop()
+
+
+_clients: dict[int, Any] = {}
+
+
+def client(served: Served) -> Any:
+    """One client for the module (closed with the server)."""
+    port = served.port("OpenAI")
+    if port not in _clients:
+        _clients[port] = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0
+        )
+    return _clients[port]
+
+
+async def test_models_lists_the_generation_model(served: Served) -> None:
+    models = await client(served).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+async def test_completion_with_usage_and_max_tokens(served: Served) -> None:
+    out = await client(served).completions.create(
+        model="tiny", prompt="hello world", max_tokens=7, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and out.usage.completion_tokens == 7
+    assert out.usage.prompt_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 7
+    streamed = await client(served).completions.create(
+        model="tiny", prompt="hello world", max_tokens=7, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = [c async for c in streamed]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == out.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+
+
+async def test_chat_streams_deltas_and_honours_stop(served: Served) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    full = await client(served).chat.completions.create(
+        model="tiny", messages=messages, max_tokens=16, temperature=0, seed=1, extra_body={"ignore_eos": True}
+    )
+    text = full.choices[0].message.content or ""
+    assert full.choices[0].message.role == "assistant" and len(text) > 3
+    stream = await client(served).chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    stop = text[2:4]
+    stopped = await client(served).chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert stopped.choices[0].message.content == text[: text.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+async def test_n_choices(served: Served) -> None:
+    out = await client(served).completions.create(
+        model="tiny", prompt="hello", max_tokens=3, n=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert len({c.text for c in out.choices}) == 1  # greedy: all the same
+    assert out.usage is not None and out.usage.completion_tokens == 9
+
+
+async def test_errors_have_openai_shape(served: Served) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client(served).completions.create(model="nope", prompt="hi", max_tokens=2)
+    assert "nope" in missing.value.message
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client(served).completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=-3)
+    assert "model 'tiny'" in bad.value.message and "temperature" in bad.value.message
+    assert bad.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+async def test_triton_vllm_client_over_grpc_streaming(served: Served) -> None:
+    import tritonclient.grpc.aio as grpcclient
+
+    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{served.port('gRPC')}")
+    try:
+        config = await triton.get_model_config("tiny", as_json=True)
+        assert config["config"]["model_transaction_policy"]["decoupled"] is True
+        inputs = [
+            grpcclient.InferInput("text_input", [1], "BYTES"),
+            grpcclient.InferInput("stream", [1], "BOOL"),
+            grpcclient.InferInput("sampling_parameters", [1], "BYTES"),
+        ]
+        inputs[0].set_data_from_numpy(np.array([b"hello world"], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([True]))
+        params = {"temperature": "0", "max_tokens": "6", "ignore_eos": "true"}
+        inputs[2].set_data_from_numpy(np.array([json.dumps(params).encode()], dtype=object))
+        outputs = [grpcclient.InferRequestedOutput("text_output")]
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": "tiny", "inputs": inputs, "outputs": outputs, "request_id": "1"}
+
+        pieces = []
+        async for result, error in triton.stream_infer(requests()):
+            assert error is None
+            pieces.append(result.as_numpy("text_output")[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        assert len(pieces) > 1
+    finally:
+        await triton.close()
+
+
+def _post(url: str, doc: dict[str, Any]) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+async def test_triton_generate_endpoints(served: Served) -> None:
+    base = f"http://127.0.0.1:{served.port('HTTP')}/v2/models/tiny"
+    doc = {"text_input": "hello world", "parameters": {"stream": False, "temperature": 0, "max_tokens": 5}}
+    status, body = await asyncio.to_thread(_post, f"{base}/generate", doc)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["model_name"] == "tiny" and answer["text_output"].startswith("hello world")
+    doc = {"text_input": "hello world", "stream": True, "parameters": {"temperature": 0, "max_tokens": 5}}
+    status, body = await asyncio.to_thread(_post, f"{base}/generate_stream", doc)
+    assert status == 200, body
+    events = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:")]
+    assert len(events) >= 1 and all("text_output" in e for e in events)
