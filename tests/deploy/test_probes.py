@@ -1,12 +1,18 @@
 """The manifests against a real flowserve: a server started with the base Deployment's (and the
-s3 overlay's) arguments answers every probe path on the port the manifest names, gRPC on its
-port, /metrics on its port with every series the autoscaler rule reads, and drains within the
-Deployment's grace period."""
+s3 and volume overlays') arguments answers every probe path on the port the manifest names, gRPC
+on its port, /metrics on its port with every series the autoscaler rule reads, and drains within
+the Deployment's grace period; during a long load the startup and liveness probes pass and the
+readiness probe fails, until the load ends."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -14,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BUNDLED_GRAPHS, BUNDLED_REPOSITORY, ServerProcess, free_port, start_server
+from tests.conftest import BUNDLED_GRAPHS, BUNDLED_REPOSITORY, ROOT, ServerProcess, free_port, start_server
 from tests.deploy.kustomize import DEPLOY, build, load_all
 from tests.deploy.test_manifests import adapter_metric_names, container, flag
 
@@ -44,6 +50,18 @@ def probes(c: dict[str, Any]) -> list[tuple[str, str, int]]:
 def get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.status, response.read().decode()
+
+
+def status_of(url: str) -> int:
+    """The HTTP status (an error status too); raises OSError when nothing answers."""
+    try:
+        return get(url)[0]
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+EXAMPLE = DEPLOY / "examples" / "own-image"
+LISTENERS = ("--host", "--http-port", "--grpc-port", "--metrics-port")
 
 
 def check_answers(server: ServerProcess, c: dict[str, Any]) -> None:
@@ -133,25 +151,146 @@ def test_s3_overlay_serves_from_a_bucket_with_the_secrets_variables(
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"})
         bucket = f"models-{uuid.uuid4().hex[:8]}"
         fs.mkdir(bucket)
-        for f in (BUNDLED_REPOSITORY / "simple").rglob("*"):
-            if f.is_file() and "__pycache__" not in f.parts:
-                fs.pipe(
-                    f"{bucket}/models/simple/{f.relative_to(BUNDLED_REPOSITORY / 'simple').as_posix()}",
-                    f.read_bytes(),
-                )
-        url = flag(c["args"], "--model-repository")
-        assert url is not None and url.startswith("s3://")
-        local = url.replace("s3://my-bucket", f"s3://127.0.0.1:{port}/{bucket}")  # Triton's endpoint form
+        # the example's content, laid out as the overlay's URLs say: models/, graphs/, nodes/
+        repo, graphs = flag(c["args"], "--model-repository"), flag(c["args"], "--graphs")
+        assert repo is not None and repo.startswith("s3://my-bucket/")
+        assert graphs is not None and graphs.startswith("s3://my-bucket/")
+        nodes = graphs.rsplit("/", 1)[0] + "/nodes"
+        for folder, url in (("model_repository", repo), ("graphs", graphs), ("nodes", nodes)):
+            for f in (EXAMPLE / folder).rglob("*"):
+                if f.is_file() and "__pycache__" not in f.parts:
+                    key = (
+                        url.replace("s3://my-bucket", bucket)
+                        + "/"
+                        + f.relative_to(EXAMPLE / folder).as_posix()
+                    )
+                    fs.pipe(key, f.read_bytes())
+        endpoint = f"s3://127.0.0.1:{port}/{bucket}"  # Triton's form for an S3-compatible endpoint
         cache_dir = flag(c["args"], "--repository-cache-dir")
         args = [a.replace(str(cache_dir), str(tmp_path / "cache")) for a in server_args(c["args"])]
         args.append("--repository-settle-secs=0")
-        server = start_server(*args, f"--model-repository={local}", repositories=(), graphs=())
+        args += [f"--model-repository={repo.replace('s3://my-bucket', endpoint)}"]
+        args += [f"--graphs={graphs.replace('s3://my-bucket', endpoint)}"]
+        server = start_server(*args, repositories=(), graphs=())
         try:
             check_answers(server, c)
-            status, _ = get(f"http://{server.http_url}/v2/models/simple/ready")
-            assert status == 200
+            for model in ("add_one", "affine"):  # the graph imports nodes.mathops from the bucket
+                status, _ = get(f"http://{server.http_url}/v2/models/{model}/ready")
+                assert status == 200, model
             assert any((tmp_path / "cache").rglob("config.pbtxt"))  # mirrored into the cache dir
+            assert any((tmp_path / "cache").rglob("nodes/mathops.py"))
         finally:
             assert server.stop() == 0
     finally:
         moto.stop()
+
+
+def test_volume_overlay_serves_the_claim_and_the_config_maps(tmp_path: Path) -> None:
+    """The volume overlay's mounts as folders here: the claim holds the example's models, the
+    generated ConfigMaps' keys become files in their mount paths (as the kubelet writes them)."""
+    docs = build(DEPLOY / "overlays" / "volume")
+    c = container(docs)
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in c["volumeMounts"]:
+        here = tmp_path / mount["mountPath"].lstrip("/")
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            here.mkdir(parents=True)
+            for key, text in maps[volume["configMap"]["name"]].items():
+                (here / key).write_text(text)
+        elif "persistentVolumeClaim" in volume:
+            shutil.copytree(EXAMPLE / "model_repository", here)
+    args = [a.replace("=/srv/", f"={tmp_path}/srv/") for a in c["args"][1:] if not a.startswith(LISTENERS)]
+    server = start_server(*args, repositories=(), graphs=())
+    try:
+        check_answers(server, c)
+        for model in ("add_one", "affine"):  # affine imports nodes.mathops from the nodes ConfigMap
+            assert status_of(f"http://{server.http_url}/v2/models/{model}/ready") == 200, model
+    finally:
+        assert server.stop() == 0
+
+
+GATE_CONFIG = """
+name: "gate"
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+GATE_MODEL = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # a long load (weights being read): it ends when the test creates the gate file
+        while not os.path.exists(os.environ["FLOWSERVE_TEST_GATE"]):
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_probes_during_a_long_load(tmp_path: Path) -> None:
+    """While a model loads, the startup and liveness probes' path answers 2xx (the kubelet
+    neither restarts the container nor waits on the startup budget) and the readiness path does
+    not (no traffic yet); once it has loaded, readiness passes."""
+    c = container(build(DEPLOY / "base"))
+    paths = {kind: path for kind, path, _ in probes(c)}
+    assert paths["startupProbe"] == paths["livenessProbe"] == "/v2/health/live"
+    assert paths["readinessProbe"] == "/v2/health/ready"
+    repo = tmp_path / "models"
+    (repo / "gate" / "1").mkdir(parents=True)
+    (repo / "gate" / "config.pbtxt").write_text(GATE_CONFIG)
+    (repo / "gate" / "1" / "model.py").write_text(GATE_MODEL)
+    gate = tmp_path / "gate-open"
+    port = free_port()
+    argv = [sys.executable, "-m", "flowserve.cli", *c["args"]]
+    argv = [a for a in argv if not a.startswith((*LISTENERS, "--model-repository", "--graphs"))]
+    argv += [f"--model-repository={repo}", "--host=127.0.0.1", f"--http-port={port}"]
+    argv += [f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"]
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, "FLOWSERVE_TEST_GATE": str(gate)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the listener comes up while the model is loading
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"/v2/health/live never answered:\n{log.read_text()}"
+            try:
+                live = status_of(url + paths["livenessProbe"])
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert live == 200, log.read_text()
+        for _ in range(3):  # still loading: live, not ready, as often as asked
+            assert status_of(url + paths["startupProbe"]) == 200
+            assert status_of(url + paths["readinessProbe"]) == 400
+        assert not gate.exists() and "loaded model 'gate'" not in log.read_text()
+        gate.touch()  # the load ends
+        deadline = time.monotonic() + 60
+        while status_of(url + paths["readinessProbe"]) != 200:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert status_of(url + paths["livenessProbe"]) == 200
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0, log.read_text()

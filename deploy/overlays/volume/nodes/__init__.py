@@ -1,0 +1,1 @@
+"""The deployment's Python nodes (graphs name them nodes.<module>:<Class>)."""
