@@ -60,7 +60,7 @@ def test_every_manifest_file_validates(path: Path) -> None:
         if doc["kind"] in CUSTOM_KINDS:
             assert "/" in doc["apiVersion"] and doc["metadata"]["name"]
             continue
-        if path.parent.name in ("overlays", "s3", "gpu") and path.name.endswith("-patch.yaml"):
+        if path.parent.parent.name == "overlays" and path.name.endswith("-patch.yaml"):
             continue  # a partial object: validated in the overlay's build
         validate_k8s(doc)
 
@@ -75,9 +75,13 @@ def test_each_kustomize_build_validates(name: str) -> None:
     for doc in docs:
         if doc["kind"] not in CUSTOM_KINDS:
             validate_k8s(doc)
+    for gen in kust.get("configMapGenerator", []):
+        for entry in gen["files"]:
+            assert (directory / entry.split("=")[-1]).is_file(), f"{name}: generator input {entry} is missing"
     listed = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
     used = set(kust.get("resources", [])) | {p["path"] for p in kust.get("patches", [])}
-    assert listed - used <= {"secret.example.yaml"}, f"{name}: files no kustomization uses: {listed - used}"
+    unused = {n for n in listed - used if not n.endswith(".example.yaml")}  # examples are applied by hand
+    assert not unused, f"{name}: files no kustomization uses: {unused}"
 
 
 @pytest.mark.skipif(
@@ -107,7 +111,7 @@ def flag(args: list[str], name: str, default: str | None = None) -> str | None:
     return default
 
 
-@pytest.mark.parametrize("name", ["base", "overlays/s3", "overlays/gpu"])
+@pytest.mark.parametrize("name", ["base", "overlays/s3", "overlays/gpu", "overlays/volume"])
 def test_deployment_service_hpa_pdb_agree(name: str) -> None:
     docs = build(BUILDS[name])
     deployment, service = find(docs, "Deployment"), find(docs, "Service")
@@ -206,7 +210,8 @@ def test_every_manifest_flag_is_a_flowserve_serve_flag() -> None:
     from flowserve.cli import build_parser
 
     parser = build_parser()
-    commands = [container(build(BUILDS[n]))["args"] for n in ("base", "overlays/s3", "overlays/gpu")]
+    overlays = ("base", "overlays/s3", "overlays/gpu", "overlays/volume")
+    commands = [container(build(BUILDS[n]))["args"] for n in overlays]
     (runtime,) = load_all(DEPLOY / "kserve" / "cluster-serving-runtime.yaml")
     commands.append(runtime["spec"]["containers"][0]["args"])
     commands.append(dockerfile_cmd())
@@ -226,22 +231,50 @@ def dockerfile_cmd() -> list[str]:
     return list(json.loads(line[4:]))
 
 
+def install_script() -> str:
+    return (ROOT / "docker" / "install.sh").read_text()
+
+
+def variant_extras(variant: str) -> set[str]:
+    """docker/install.sh's default extras for a variant."""
+    text = install_script()
+    block = re.search(rf"^  {variant}\)\n(.*?);;", text, re.M | re.S)
+    assert block, variant
+    found = re.search(r"default_extras=(\S+)", block.group(1))
+    assert found, variant
+    return set(found.group(1).split(","))
+
+
 def test_dockerfile_installs_as_the_makefile_does_and_matches_the_manifests() -> None:
-    text = dockerfile_text()
-    makefile = (ROOT / "Makefile").read_text()
-    # the Makefile's install target: a venv, pip upgraded, an editable install of the project
-    assert "-m venv $(VENV)" in makefile and "pip install -q --upgrade pip" in makefile
-    install = re.search(r"^install:.*\n\t\$\(BIN\)/pip install -q -e '?\.", makefile, re.M)
-    assert install, "the Makefile's install target is an editable pip install of the project"
-    assert re.search(r"python3 -m venv ", text) and "pip install -q --upgrade pip" in text
-    assert 'pip install -q -e ".[${EXTRAS}]"' in text
-    assert re.search(r"^ARG BASE_IMAGE=python:3\.11", text, re.M) and "FROM ${BASE_IMAGE}" in text
-    extras = re.search(r"^ARG EXTRAS=(\S+)", text, re.M)
-    assert extras is not None
     import tomllib
 
+    text = dockerfile_text()
+    makefile = (ROOT / "Makefile").read_text()
+    script = install_script()
+    # the Makefile's install target: a venv, pip upgraded, an editable install of the project,
+    # which docker/install.sh does per variant, and the Dockerfile runs
+    assert "-m venv $(VENV)" in makefile and "pip install -q --upgrade pip" in makefile
+    install = re.search(r"^install:.*\n\t\$\(BIN\)/pip install -q -e '?\.\[([\w,-]+)\]", makefile, re.M)
+    assert install, "the Makefile's install target is an editable pip install of the project"
+    assert 'python3 -m venv "$venv"' in script and '"$venv/bin/pip" install -q --upgrade pip' in script
+    assert script.count('install -q -e ".[$extras]"') + script.count('-e ".[$extras]"') >= 2
+    assert re.search(r'^RUN .*sh docker/install\.sh "\$VIRTUAL_ENV" "\$VARIANT" "\$EXTRAS"$', text, re.M)
+    assert re.search(r"^COPY docker/install\.sh ", text, re.M)
+    # the CPU image installs what `make install` does (the bundled models' frameworks) and remote
     optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert set(extras.group(1).split(",")) <= set(optional)
+    assert set(install.group(1).split(",")) | {"remote"} == variant_extras("cpu")
+    # the CUDA image: the same frameworks in GPU builds (onnxruntime-gpu never beside onnxruntime)
+    bundled = set(re.findall(r"flowserve\[([\w,-]+)\]", " ".join(optional["bundled"]))[0].split(","))
+    cuda = variant_extras("cuda")
+    assert cuda >= (bundled - {"onnx"}) | {"onnx-gpu", "remote"} and "onnx" not in cuda
+    assert variant_extras("cpu") | cuda <= set(optional)
+    # the variants and their base images
+    assert re.search(r"^ARG VARIANT=cpu$", text, re.M)
+    assert re.search(r"^ARG CPU_BASE=python:3\.11", text, re.M)
+    assert re.search(r"^ARG CUDA_BASE=nvidia/cuda:12\.\S+-cudnn-runtime-", text, re.M)
+    assert re.search(r"^FROM \$\{CPU_BASE\} AS base-cpu$", text, re.M)
+    assert re.search(r"^FROM \$\{CUDA_BASE\} AS base-cuda$", text, re.M)
+    assert re.search(r"^FROM base-\$\{VARIANT\}$", text, re.M)
     # what the image holds and runs is what the base Deployment runs
     for path in ("pyproject.toml", "README.md", "flowserve", "model_repository", "graphs", "nodes"):
         assert re.search(rf"^COPY .*\b{re.escape(path)}\b", text, re.M), path
@@ -260,6 +293,72 @@ def test_dockerfile_installs_as_the_makefile_does_and_matches_the_manifests() ->
     )
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
-    assert not {"flowserve", "model_repository", "graphs", "nodes", "pyproject.toml", "README.md"} & set(
-        ignored
-    )
+    assert not {
+        "flowserve",
+        "model_repository",
+        "graphs",
+        "nodes",
+        "pyproject.toml",
+        "README.md",
+        "docker",
+    } & set(ignored)
+
+
+def test_the_gpu_overlay_runs_the_cuda_image() -> None:
+    kust = yaml.safe_load((DEPLOY / "overlays" / "gpu" / "kustomization.yaml").read_text())
+    (image,) = kust["images"]
+    assert image["newTag"] == "cuda12"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "docker build -t flowserve:cuda12 --build-arg VARIANT=cuda ." in readme
+
+
+def test_the_derived_image_example_replaces_the_content_the_base_serves() -> None:
+    """deploy/examples/own-image/Dockerfile puts its folders where the base image's CMD (and
+    deploy/base's args) read them, nodes/ beside graphs/, as the image's user again."""
+    from tests.deploy.dockerfile import instructions
+
+    example = DEPLOY / "examples" / "own-image"
+    steps = instructions((example / "Dockerfile").read_text())
+    args = container(build(DEPLOY / "base"))["args"]
+    repository, graphs = flag(args, "--model-repository"), flag(args, "--graphs")
+    assert repository and graphs
+    copies = {rest.split()[-1]: rest.split()[0] for kw, rest in steps if kw == "COPY"}
+    assert copies == {
+        repository: "model_repository",
+        graphs: "graphs",
+        str(Path(graphs).parent / "nodes"): "nodes",
+    }
+    removed = [rest for kw, rest in steps if kw == "RUN" and rest.startswith("rm -rf ")]
+    assert removed == [f"rm -rf {repository} {graphs} {Path(graphs).parent / 'nodes'}"]
+    # FROM the image deploy/base runs
+    (arg,) = [rest for kw, rest in steps if kw == "ARG"]
+    base_image = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"][0]
+    assert arg == f"FLOWSERVE_IMAGE={base_image['newName']}:{base_image['newTag']}"
+    assert ("FROM", "${FLOWSERVE_IMAGE}") in steps
+    users = [rest for kw, rest in steps if kw == "USER"]
+    assert users[-1] == re.search(r"^USER (\S+)", dockerfile_text(), re.M).group(1)  # type: ignore[union-attr]
+    for folder in copies.values():
+        assert (example / folder).is_dir(), folder
+
+
+def test_the_volume_overlay_mounts_nodes_beside_graphs() -> None:
+    docs = build(BUILDS["overlays/volume"])
+    c = container(docs)
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert flag(c["args"], "--model-repository") == mounts["models"]
+    assert flag(c["args"], "--graphs") == mounts["graphs"]
+    assert Path(mounts["nodes"]) == Path(mounts["graphs"]).parent / "nodes"  # importable as `nodes`
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    claim = find(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == claim
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    assert {volumes[n]["configMap"]["name"] for n in ("graphs", "nodes")} == set(maps)
+    # the generated ConfigMaps hold the example image's graph and node code (kept in step)
+    example = DEPLOY / "examples" / "own-image"
+    held = {key: value for d in maps.values() for key, value in d["data"].items()}
+    assert held == {
+        "affine.yaml": (example / "graphs" / "affine.yaml").read_text(),
+        "__init__.py": (example / "nodes" / "__init__.py").read_text(),
+        "mathops.py": (example / "nodes" / "mathops.py").read_text(),
+    }
