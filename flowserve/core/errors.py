@@ -147,7 +147,8 @@ _INTERNAL = tuple(
 )
 
 
-def _internal(filename: str) -> bool:
+def internal_file(filename: str) -> bool:
+    """Whether ``filename`` is flowserve's own code or the standard library's (not a user's)."""
     return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(_INTERNAL)
 
 
@@ -161,7 +162,7 @@ def code_traceback(exc: BaseException) -> str:
     part: traceback.TracebackException | None = shown
     while part is not None and id(part) not in seen:
         seen.add(id(part))
-        kept = [f for f in part.stack if not _internal(f.filename)]
+        kept = [f for f in part.stack if not internal_file(f.filename)]
         if kept and len(kept) < len(part.stack):
             part.stack = traceback.StackSummary.from_list(kept)
         part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
@@ -173,7 +174,7 @@ def code_location(exc: BaseException) -> str:
     SyntaxError, where the bad line is), or "" when no frame is outside flowserve."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not internal_file(f.filename)]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 

@@ -31,6 +31,7 @@ from flowserve.core.errors import (
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.nodes.backends import autocompletions
+from flowserve.nodes.code import changed_files, code_files, forget
 from flowserve.nodes.factory import Compiled, build_nodes, compile_all, dependencies, graph_specs
 from flowserve.nodes.forward import ForwardNode
 from flowserve.nodes.loading import LoadSettings, load_waves
@@ -127,6 +128,9 @@ class Repository:
         self._overrides: Path | None = None
         self._poller: asyncio.Task[None] | None = None
         self._reload_failures: dict[str, str] = {}
+        # graph -> {file: digest} of the python nodes' own code it loaded (nodes/code.py): poll
+        # mode reloads a graph whose code changed
+        self.code: dict[str, dict[str, str]] = {}
         self._lock = asyncio.Lock()
 
     @property
@@ -180,9 +184,14 @@ class Repository:
         for name, reason in compiled.failed.items():
             if not self.registry.has(name):
                 self.registry.mark(name, "", State.UNAVAILABLE, reason)
+            elif name in selected:  # a reload that does not compile: the old version serves on
+                self._reload_failures[name] = " ".join(reason.split())
+                log.error("reload of '%s' failed, the loaded version keeps serving: %s", name, reason)
         for name in compiled.order:
             self.fingerprints[name] = fingerprint(scan.paths[name]) if name in scan.paths else ""
         await self._load_concurrently(compiled.order, compiled.plans, subset)
+        for name, graph in subset.graphs.items():  # what their python nodes run, as loaded now
+            self.code[name] = code_files(n.target for n in graph.nodes.values() if n.kind == "python")
         if wanted is None:
             return scan
         # what was not asked for (explicit mode): the index lists it by name only, as Triton
@@ -436,6 +445,7 @@ class Repository:
         async with self._lock:
             for n in names:
                 self.fingerprints.pop(n, None)
+                self.code.pop(n, None)
                 await self._retire(self.registry.remove(n))
         return names
 
@@ -450,7 +460,9 @@ class Repository:
             removed = [n for n in self.fingerprints if n not in current]
             for name in removed:
                 self.fingerprints.pop(name, None)
+                self.code.pop(name, None)
                 await self._retire(self.registry.remove(name))
+            changed |= self._code_changed(set(current))
             # an entry that failed keeps its fingerprint, so it is retried only when it changes;
             # except a graph that failed for want of a remote that did not answer: every poll
             # tries it again, so it becomes ready when the remote does (nodes/remote.py)
@@ -462,14 +474,47 @@ class Repository:
                 and not self.registry.has(n)
                 and waiting_for_remote(self.graphs[n])
             }
+            for name in changed | waiting:
+                self._reload_failures.pop(name, None)
             if changed or waiting:
                 await self._load_from_scan(changed | waiting)
-                for name in changed:
-                    self.fingerprints.setdefault(name, current[name])
-            changed |= {n for n in waiting if self.registry.has(n)}
-        if changed or removed:
-            log.info("repository poll: loaded %s, unloaded %s", sorted(changed), removed)
-        return sorted(changed), removed
+                for name in changed:  # tried: retried only when it changes again
+                    self.fingerprints[name] = current[name]
+            failed = self._poll_failures(changed)
+            loaded = sorted((changed - set(failed)) | {n for n in waiting if self.registry.has(n)})
+        if loaded or removed:
+            log.info("repository poll: loaded %s, unloaded %s", loaded, removed)
+        for name, reason in failed.items():
+            log.error("repository poll: failed to load '%s': %s", name, reason)
+        return loaded, removed
+
+    def _code_changed(self, names: set[str]) -> set[str]:
+        """The graphs among ``names`` whose python nodes' code changed since they loaded; the
+        modules of that code are forgotten, so that loading them again imports the new code."""
+        stale = {name: changed_files(self.code[name]) for name in names if name in self.code}
+        stale = {name: files for name, files in stale.items() if files}
+        if stale:
+            files = set().union(*stale.values())
+            modules = forget(files)
+            log.info(
+                "repository poll: node code changed (%s), reloading %s (modules %s)",
+                ", ".join(sorted(files)),
+                sorted(stale),
+                ", ".join(modules) or "none loaded",
+            )
+        return set(stale)
+
+    def _poll_failures(self, tried: set[str]) -> dict[str, str]:
+        """Of the names a poll (re)loaded, the ones that failed, with why (and whether a
+        loaded version keeps serving, as Triton keeps it)."""
+        failed: dict[str, str] = {}
+        for name in sorted(tried):
+            if name in self._reload_failures:
+                failed[name] = f"{self._reload_failures.pop(name)} (the loaded version keeps serving)"
+            elif not self.registry.has(name):
+                reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
+                failed[name] = "; ".join(reasons) or "no version loaded"
+        return failed
 
     async def _poll_forever(self) -> None:
         while True:
