@@ -19,6 +19,8 @@ from flowserve.core.types import InferRequest, InferResponse
 from flowserve.nodes.backends.pb_utils import custom_metrics
 from tests.llm.tinymodel import write_llm_model
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm"
+
 
 def request(text: str, stream: bool = True, **params: object) -> InferRequest:
     inputs = {
@@ -198,3 +200,29 @@ async def test_metrics_carry_vllm_names(engine: flowserve.Engine) -> None:
     assert generated == 5.0
     ttft = "vllm:time_to_first_token_seconds"
     assert tiny(after, ttft, "_count") - tiny(before, ttft, "_count") == 1.0
+
+
+async def test_guarded_chat_graph_routes_and_edits_the_stream(tiny_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    example = EXAMPLE
+    repo = tmp_path / "repo"
+    write_llm_model(repo, "chat_llm", tiny_model)
+    graphs = tmp_path / "graphs"
+    shutil.copytree(example / "graphs", graphs)
+    shutil.copy(example / "llm_guard.py", tmp_path / "llm_guard.py")
+    engine = await flowserve.Engine.start(repo, graphs)
+    try:
+        refused = [
+            r async for r in engine.stream_request(InferRequest("guarded_chat", text("my password is")))
+        ]
+        assert texts(refused) == ["I can't help with that."]
+        answered = [r async for r in engine.stream_request(InferRequest("guarded_chat", text("the quick")))]
+        assert len(answered) > 1  # streamed through the redaction node, piece by piece
+        assert all("fox" not in t and "dog" not in t for t in texts(answered))
+    finally:
+        await engine.stop()
+
+
+def text(value: str) -> dict[str, np.ndarray]:
+    return {"text_input": np.array([value.encode()], dtype=object)}

@@ -6,8 +6,10 @@ is installed and a GPU is present, else transformers).
 Inputs and outputs are those of Triton's vLLM backend (filled in by :func:`llm_autocomplete`
 when config.pbtxt leaves them out, as Triton does), plus an optional ``messages`` input: a JSON
 list of chat messages that the tokenizer's chat template turns into the prompt (``text_input``
-is then ignored). One request is one sequence; with ``stream`` true each response carries the
-text decoded since the last one, else one response carries it all (with the prompt in front
+is then ignored). One request is one sequence; every response carries all four outputs (the ``return_*``
+inputs are accepted; ``finish_reason`` is empty but on the last response, the token counts are
+the prompt's and those since the previous response). With ``stream`` true each response
+carries the text decoded since the last one, else one response carries it all (with the prompt in front
 unless ``exclude_input_in_output``). The model is decoupled: every response travels on through
 the graph on its own. A client that goes away closes the node's stream, which cancels the
 sequence in the engine and frees its KV blocks.
@@ -96,7 +98,6 @@ def make_engine(model: str, config: EngineConfig) -> Engine:
 
 class LlmBackend(BackendNode):
     decoupled = True
-    partial_outputs = True  # finish_reason and the token counts only when asked for
     merges_rows = False
 
     def __init__(
@@ -233,24 +234,22 @@ class GenerationRequest:
         stream: bool,
         prepend: bool,
         sampling: Sampling,
-        returns: frozenset[str],
     ) -> None:
         self.text = text
         self.messages = messages
         self.stream = stream
         self.prepend = prepend
         self.sampling = sampling
-        self.returns = returns
 
     def response(self, text: str, reason: str | None, prompt_tokens: int, output_tokens: int) -> TensorMap:
-        out: TensorMap = {"text_output": np.array([text.encode()], dtype=object)}
-        if "finish_reason" in self.returns:
-            out["finish_reason"] = np.array([(reason or "").encode()], dtype=object)
-        if "num_input_tokens" in self.returns:
-            out["num_input_tokens"] = np.array([prompt_tokens], dtype=np.uint32)
-        if "num_output_tokens" in self.returns:
-            out["num_output_tokens"] = np.array([output_tokens], dtype=np.uint32)
-        return out
+        """One response's tensors: every output the model declares (a graph step on the model
+        expects them all); ``finish_reason`` is empty but on the last response."""
+        return {
+            "text_output": np.array([text.encode()], dtype=object),
+            "finish_reason": np.array([(reason or "").encode()], dtype=object),
+            "num_input_tokens": np.array([prompt_tokens], dtype=np.uint32),
+            "num_output_tokens": np.array([output_tokens], dtype=np.uint32),
+        }
 
 
 def _scalar(inputs: TensorMap, name: str) -> Any:
@@ -316,9 +315,4 @@ def parse_request(
         sampling = sampling_from(model, doc, default_max_tokens, strict=True, where=where)
     else:
         sampling = sampling_from(model, params, default_max_tokens, strict=False, where="parameter")
-    returns = frozenset(
-        name
-        for name in ("finish_reason", "num_input_tokens", "num_output_tokens")
-        if _flag(inputs, f"return_{name}", False)
-    )
-    return GenerationRequest(text, messages, stream, prepend, sampling, returns)
+    return GenerationRequest(text, messages, stream, prepend, sampling)
