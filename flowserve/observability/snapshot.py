@@ -74,9 +74,13 @@ def node_summary(
     """One node's counters; ``lookup(name, version)`` finds the servable a step node calls."""
     ex = node_exec(servable, node, stats)
     target = None
+    called = None
     if kind_of(node.spec).step:
         called = lookup(node.spec.target, node.spec.version)
         target = model_summary(called) if called is not None else None
+    # a step that calls a model queues and computes in that model: its figures are the node's
+    # (the node keeps none of its own unless it batches itself)
+    timed = called.stats if called is not None and not ex.compute_infer.count else ex
     return {
         "name": node.name,
         "kind": node.spec.kind,
@@ -87,8 +91,8 @@ def node_summary(
         "in_flight": stats.in_flight,
         "duration_us": stats.total.ns / 1000,
         "avg_us": avg_us(stats.total),
-        "queue_us": avg_us(ex.queue),
-        "compute_us": avg_compute_us(ex),
+        "queue_us": avg_us(timed.queue),
+        "compute_us": avg_compute_us(timed),
         "inference_count": ex.inference_count,
         "execution_count": ex.execution_count,
         "batches": batch_counts(ex),

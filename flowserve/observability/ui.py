@@ -222,10 +222,19 @@ class UI:
             name, version, await peers.gather("ui_stats", {"name": name, "version": version})
         )
 
+    def reason(self, name: str) -> str:
+        """Why ``name`` is not available ("" when it is, or nothing is known)."""
+        return "; ".join(
+            s.reason
+            for s in self.plane.model_states()
+            if s.name == name and s.reason and s.state.value != "READY"
+        )
+
     def stats(self, name: str, version: str = "") -> dict[str, Any]:
         _, servable = self._plan(name, version)
         if servable is None or servable.forwarded:  # another worker counts a forwarded one
-            return {"name": name, "version": version, "model": None, "nodes": []}
+            reason = "" if servable is not None else self.reason(name)
+            return {"name": name, "version": version, "model": None, "nodes": [], "reason": reason}
         return {
             "name": servable.name,
             "version": str(servable.version),
@@ -314,6 +323,7 @@ class UI:
         plan, servable = self._plan(name, version)
         view, svg, drawn = await self.svg(name, version, engine)
         state = "READY" if servable is not None else "UNAVAILABLE"
+        reason = self.reason(name) if servable is None else ""
         kind = servable.kind if servable is not None else "graph"
         shown_version = str(servable.version) if servable is not None else version
         api = f"{base}/api/graphs/{quote(name)}"
@@ -331,6 +341,7 @@ class UI:
  <span class="pill">version {_esc(shown_version or "-")}</span>
  <span class="state-{state}">{state}</span></h2>
 <div class="muted">{_esc(plan.spec.description)}</div>
+{f'<div class="card err" id="fs-reason">{_esc(reason)}</div>' if reason else ""}
 <div class="card"><div id="fs-model" class="grid"></div><div class="muted" id="fs-status">loading…</div></div>
 <div class="card" id="fs-drawing">{svg}{legend}</div>
 <h2>Nodes</h2>

@@ -104,7 +104,11 @@ GRAPH_JS = r"""
 
   function renderModel(stats) {
     const m = stats.model;
-    if (!m) { q("fs-model").innerHTML = "<span class=muted>not loaded</span>"; return; }
+    if (!m) {
+      q("fs-model").innerHTML = "<span class=muted>not loaded</span>" +
+        (stats.reason ? " <span class=err>" + esc(stats.reason) + "</span>" : "");
+      return;
+    }
     const cells = [["success", m.success], ["failures", m.fail], ["pending", m.pending],
       ["inferences", m.inference_count], ["executions", m.execution_count],
       ["avg request", fmtUs(m.avg_request_us)], ["avg queue", fmtUs(m.avg_queue_us)],
@@ -154,8 +158,9 @@ GRAPH_JS = r"""
 
   async function pollTraces() {
     try {
-      const r = await fetch(api("/traces?limit=30&model=" + enc(cfg.name)));
-      const data = await r.json();
+      const t = await fetch(api("/traces?limit=30&model=" + enc(cfg.name)));
+      const data = await t.json();
+      if (!t.ok) throw new Error(data.error || t.status);
       const ids = data.traces.map((t) => t.id).join(",");
       if (ids !== lastTraceIds) {
         lastTraceIds = ids;
@@ -172,11 +177,13 @@ GRAPH_JS = r"""
           for (const tr of document.querySelectorAll("#fs-traces tr")) tr.classList.toggle("sel", tr.dataset.id === selected);
         }
       }
-      const s = await (await fetch(api("/trace-settings?model=" + enc(cfg.name)))).json();
+      const r = await fetch(api("/trace-settings?model=" + enc(cfg.name)));
+      const s = await r.json();
+      if (!r.ok) throw new Error(s.error || r.status);  // e.g. a graph that is not loaded
       q("fs-trace-settings").textContent = "trace_level " + s.trace_level.join(",") + " · trace_rate " +
         s.trace_rate + " · trace_count " + s.trace_count;
     } catch (e) {
-      q("fs-trace-settings").textContent = "traces unavailable: " + e;
+      q("fs-trace-settings").textContent = "traces unavailable: " + (e.message || e);
     }
   }
 
