@@ -37,18 +37,28 @@ RESERVED_MESSAGE = (
 )
 
 
+# a key starting with one of these may have to be taken out (one test per key on the way in)
+_MARKS = (RESERVED_PREFIX, "binary_data_output")
+
+
 def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     """``parameters`` as the model sees them: the same dict when nothing is to be taken out,
     else a copy without the consumed keys; InvalidArgument for a reserved key."""
-    strip = False
     for key in parameters:
+        if key.startswith(_MARKS):
+            return _stripped(parameters)
+    return parameters
+
+
+def _stripped(parameters: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in parameters.items():
         if key in CONSUMED:
-            strip = True
-        elif key.startswith(RESERVED_PREFIX):
+            continue
+        if key.startswith(RESERVED_PREFIX):
             raise InvalidArgument(f"{RESERVED_MESSAGE} (got '{key}')")
-    if not strip:
-        return parameters
-    return {k: v for k, v in parameters.items() if k not in CONSUMED}
+        out[key] = value
+    return out
 
 
 __all__ = ["CONSUMED", "RESERVED_ALLOWED", "RESERVED_MESSAGE", "model_parameters"]

@@ -179,6 +179,7 @@ def test_refusals_in_triton_words(llm: Any, route: str) -> None:
             {"PROMPT": ["a", "b"], "STREAM": True},
             "can not convert input 'PROMPT' to tensor with proper shape",
         ),
+        ({"PROMPT": [[["a"]]], "STREAM": True}, "lists nested deeper than its 2 dims"),
         ('{"PROMPT": ', "malformed generate request"),
         ("[1]", "must be a JSON object"),
     ]
