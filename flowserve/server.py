@@ -250,9 +250,21 @@ class Server:
             except TimeoutError:
                 log.error("unloading took longer than %.0f s at shutdown; exiting anyway", UNLOAD_WAIT_S)
             plane.shm.close()
+            await asyncio.to_thread(_stop_ray)
         if self.exporter is not None:
             exporter, self.exporter = self.exporter, None
             await asyncio.to_thread(exporter.close)  # sends what is queued, for a few seconds
+
+
+def _stop_ray() -> None:
+    """Stop what ``--ray-address`` started in this process (nodes/rayinstances.py), if anything;
+    ray is not imported when no model used it."""
+    module = sys.modules.get("flowserve.nodes.rayinstances")
+    if module is not None:
+        try:
+            module.disconnect()
+        except Exception as exc:  # stopping anyway
+            log.warning("stopping Ray failed: %s", exc)
 
 
 def hide_command_line() -> None:

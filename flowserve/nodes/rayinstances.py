@@ -204,6 +204,7 @@ def _search_path() -> tuple[str, ...]:
 # ------------------------------------------------------------------ connecting
 
 _connect_lock = threading.Lock()
+_connected = False  # this process called ray.init (and so must call ray.shutdown)
 
 
 def connect(address: str) -> None:
@@ -211,6 +212,7 @@ def connect(address: str) -> None:
     cluster this machine runs, else a new local one; ``local``: a new local one."""
     import ray
 
+    global _connected
     with _connect_lock:
         if ray.is_initialized():
             return
@@ -221,6 +223,23 @@ def connect(address: str) -> None:
             configure_logging=False,
             ignore_reinit_error=True,
         )
+        _connected = True
+
+
+def disconnect() -> None:
+    """Undo :func:`connect` at the server's stop (blocking: call it off the event loop):
+    ``ray.shutdown()`` stops the Ray processes a ``local`` (or ``auto`` without a cluster)
+    start began here, and only disconnects from a cluster that was already running. Without it
+    the process's end could leave them running (the exit watchdog ends it without atexit)."""
+    global _connected
+    with _connect_lock:
+        if not _connected:
+            return
+        import ray
+
+        _connected = False
+        log.info("disconnecting from Ray")
+        ray.shutdown()
 
 
 def _feasible(ray_spec: RaySpec) -> str | None:
