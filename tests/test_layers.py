@@ -42,6 +42,7 @@ RANKS = {
     "server": 8,
     "cluster": 8,  # the workers of one server (--workers N) and their supervisor
     "settings": 8,
+    "scaffold": 8,  # flowserve init: the files of a new project (it imports nothing of flowserve)
     "": 8,  # flowserve/__init__.py: the public surface re-exports the engine
 }
 TRANSLATORS = ("frontends.http", "frontends.grpc", "frontends.openai", "observability")
