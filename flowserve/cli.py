@@ -6,19 +6,23 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from flowserve.core.errors import InvalidArgument, SpecIssue
+from flowserve.core.errors import InvalidArgument
 from flowserve.core.version import VERSION
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
 from flowserve.nodes.factory import compile_all
+from flowserve.repository.check import load_check
 from flowserve.repository.repository import add_import_roots, scan_all
 from flowserve.repository.settings import RepositorySettings
 from flowserve.settings import Settings
+from flowserve.spec.layout import Sources, is_url, resolve_sources
+from flowserve.spec.modelfiles import missing_model_files
 
 if TYPE_CHECKING:
     from flowserve.dataplane.headers import HeaderPattern
@@ -27,52 +31,104 @@ if TYPE_CHECKING:
     from flowserve.observability.traceconfig import TraceConfig
     from flowserve.repository.remote import RemoteOptions
 
-DEFAULT_REPOSITORY = "model_repository"
-DEFAULT_GRAPHS = "graphs"
+DESCRIPTION = """\
+A dataflow inference server: Triton's protocol (HTTP/REST and gRPC), Triton model
+repositories (config.pbtxt) and YAML graphs of models and Python nodes."""
+EPILOG = """\
+PATH (serve, validate, graph list) is a project folder holding model_repository/ and graphs/
+(with the nodes/ they import), a graph folder or file, or a Triton model repository; none is the
+current folder. 'flowserve COMMAND --help' lists a command's options."""
 
 
-def _sources(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
-    repos = [Path(p) for p in (args.model_repository or [])]
-    graphs = [Path(p) for p in (args.graphs or [])]
-    if not repos and not graphs:
-        repos = [Path(DEFAULT_REPOSITORY)] if Path(DEFAULT_REPOSITORY).is_dir() else []
-        graphs = [Path(DEFAULT_GRAPHS)] if Path(DEFAULT_GRAPHS).is_dir() else []
-    return repos, graphs
-
-
-def validate_paths(paths: Sequence[Path]) -> tuple[list[str], list[SpecIssue]]:
-    """Compile everything under ``paths``; returns the valid names and every problem.
-
-    A path is a model repository if it holds model directories, otherwise a graph folder or
-    a single graph file. Graphs may use models from any repository given alongside.
-    """
-    repos = [p for p in paths if p.is_dir() and _is_repository(p)]
-    graphs = [p for p in paths if p not in repos]
-    add_import_roots([g if g.is_dir() else g.parent for g in graphs])
-    scan = scan_all(repos, graphs)
-    compiled = compile_all(scan)
-    return compiled.order, compiled.issues
-
-
-def _is_repository(path: Path) -> bool:
-    return any(c.is_dir() and not c.name.startswith(".") for c in path.iterdir()) and not any(
-        path.glob("*.y*ml")
-    )
+def _sources(args: argparse.Namespace) -> Sources:
+    """What the command's PATHs, --model-repository and --graphs name (spec/layout.py)."""
+    return resolve_sources(getattr(args, "paths", None) or [], args.model_repository or [], args.graphs or [])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    valid, issues = validate_paths([Path(p) for p in args.paths])
-    for issue in issues:
-        print(f"error: {issue}", file=sys.stderr)
-    if issues:
-        print(f"{len(issues)} error(s); {len(valid)} valid: {', '.join(valid) or 'none'}", file=sys.stderr)
+    """Scan and compile what serve would serve, then (unless --no-load) load it as serve does."""
+    sources = _sources(args)
+    problem = _unreadable_sources(args, sources)
+    urls = [s for s in [*sources.repositories, *sources.graphs] if isinstance(s, str)]
+    if problem or urls:
+        print(f"error: {problem or f'{urls[0]}: validate reads local folders only'}", file=sys.stderr)
+        return 2
+    repos = [Path(r) for r in sources.repositories]
+    graphs = [Path(g) for g in sources.graphs]
+    add_import_roots([g if g.is_dir() else g.parent for g in graphs])
+    scan = scan_all(repos, graphs)
+    compiled = compile_all(scan)
+    no_file = missing_model_files(m for n, m in scan.models.items() if n in compiled.plans)
+    errors = [str(i) for i in [*compiled.issues, *no_file]]
+    no_file_sources = {i.file for i in no_file}
+    broken = set(compiled.failed) | {n for n, m in scan.models.items() if m.source in no_file_sources}
+    valid = [n for n in compiled.order if n not in broken]
+    blocked: list[str] = []
+    if args.load and valid:
+        with _quiet_log(args.log_level):
+            report = asyncio.run(load_check(repos, graphs, skip=broken))
+        errors += [str(f) for f in report.failures]
+        blocked = report.blocked
+        valid = [n for n in valid if n in report.loaded]
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if blocked:
+        print(f"not loaded, as they use what failed: {', '.join(blocked)}", file=sys.stderr)
+    what = "valid and loaded" if args.load else "valid"
+    if errors:
+        print(f"{len(errors)} error(s); {len(valid)} {what}: {', '.join(valid) or 'none'}", file=sys.stderr)
         return 1
-    print(f"ok: {len(valid)} valid ({', '.join(valid)})")
+    print(f"ok: {len(valid)} {what} ({', '.join(valid) or 'nothing found'})")
+    return 0
+
+
+def _local(sources: Sources) -> tuple[list[Path], list[Path]]:
+    """The repositories and graph folders as local paths (graph list and render read no URL)."""
+    return [Path(r) for r in sources.repositories], [Path(g) for g in sources.graphs]
+
+
+@contextlib.contextmanager
+def _quiet_log(level: str) -> Iterator[None]:
+    """While validate loads, the server's own log lines (each failure again, each load) are left
+    out: validate lists the failures itself. --log-level DEBUG shows everything."""
+    logger = logging.getLogger("flowserve")
+    before = logger.level
+    if level != "DEBUG":
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create a project that serves and answers as created (flowserve/scaffold)."""
+    from flowserve.scaffold import create_project
+
+    root = Path(args.directory)
+    try:
+        written = create_project(root, overwrite=args.force)
+    except FileExistsError as exc:
+        print(f"error: {exc} (--force overwrites)", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: {root}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"created a flowserve project in {root}:")
+    for path in written:
+        print(f"  {path.relative_to(root)}")
+    steps = [] if root.resolve() == Path.cwd().resolve() else [f"cd {args.directory}"]
+    steps += [
+        "flowserve validate      # check it, loading the model and the node once",
+        "flowserve serve         # HTTP on 8000, gRPC on 8001",
+        "python client.py        # from another shell: calls the graph 'hello'",
+    ]
+    print("\nnext:\n" + "\n".join(f"  {step}" for step in steps))
     return 0
 
 
 def cmd_graph_list(args: argparse.Namespace) -> int:
-    repos, graphs = _sources(args)
+    repos, graphs = _local(_sources(args))
     add_import_roots(graphs)
     scan = scan_all(repos, graphs)
     compiled = compile_all(scan)
@@ -100,7 +156,7 @@ def cmd_graph_render(args: argparse.Namespace) -> int:
         choices = ",".join(FORMATS)
         print(f"error: unknown format '{fmt}' (use -o FILE.{{{choices}}} or --format)", file=sys.stderr)
         return 2
-    repos, graphs = _sources(args)
+    repos, graphs = _local(_sources(args))
     target = Path(args.name)
     name = args.name
     if target.suffix in (".yaml", ".yml") or target.is_file():
@@ -138,24 +194,6 @@ def cmd_graph_render(args: argparse.Namespace) -> int:
         Path(out).write_bytes(data)
         print(f"wrote {out} ({fmt}, {len(data)} bytes)")
     return 0
-
-
-def _repositories(args: argparse.Namespace, repos: list[Path]) -> list[Path | str]:
-    """The repositories to serve: a URL (s3://, gs://, ...) stays a string (repository/remote.py)."""
-    from flowserve.repository.remote import is_remote
-
-    if not args.model_repository:
-        return list(repos)
-    return [p if is_remote(p) else Path(p) for p in args.model_repository]
-
-
-def _graph_folders(args: argparse.Namespace, graphs: list[Path]) -> list[Path | str]:
-    """The graph folders to serve: a URL stays a string (mirrored with the nodes/ beside it)."""
-    from flowserve.repository.remote import is_remote
-
-    if not args.graphs:
-        return list(graphs)
-    return [p if is_remote(p) else Path(p) for p in args.graphs]
 
 
 def _remote_and_rate_limits(args: argparse.Namespace) -> tuple[RemoteOptions, list[ResourceLimit]]:
@@ -244,21 +282,20 @@ def _workers(text: str) -> int:
     return count
 
 
-def _unreadable_sources(args: argparse.Namespace, graphs: list[Path | str]) -> str | None:
-    """The first repository or graph folder given that cannot be served (missing, not a
-    directory, unreadable), as one line naming it; None when all can be read."""
-    from flowserve.repository.remote import is_remote
-
-    given = [("--model-repository", p) for p in args.model_repository or [] if not is_remote(p)]
-    given += [("--graphs", str(p)) for p in graphs if not is_remote(p)]
+def _unreadable_sources(args: argparse.Namespace, sources: Sources) -> str | None:
+    """The first path given that cannot be served (missing, not a directory, unreadable), as one
+    line naming it; None when all can be read."""
+    given = [("--model-repository ", p) for p in args.model_repository or [] if not is_url(p)]
+    given += [("--graphs ", p) for p in args.graphs or [] if not is_url(p)]
+    given += [("", p) for p in getattr(args, "paths", None) or [] if not is_url(p)]
     for flag, text in given:
         path = Path(text)
         if not path.exists():
-            return f"{flag} {text}: no such directory"
-        if flag == "--model-repository" and not path.is_dir():
-            return f"{flag} {text}: not a directory"
+            return f"{flag}{text}: no such {'directory' if flag else 'file or directory'}"
+        if flag.startswith("--model-repository") and not path.is_dir():
+            return f"{flag}{text}: not a directory"
         if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
-            return f"{flag} {text}: permission denied (cannot read it)"
+            return f"{flag}{text}: permission denied (cannot read it)"
     return None
 
 
@@ -276,9 +313,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    repos, local_graphs = _sources(args)
-    graphs = _graph_folders(args, local_graphs)
-    problem = _unreadable_sources(args, graphs)
+    sources = _sources(args)
+    problem = _unreadable_sources(args, sources)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -322,8 +358,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     options = Settings(
-        model_repositories=_repositories(args, repos),
-        graph_dirs=graphs,
+        model_repositories=sources.repositories,
+        graph_dirs=sources.graphs,
         repository=repository,
         workers=args.workers,
         rate_limit=args.rate_limit,
@@ -385,11 +421,15 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, argparse.SUPPRESS, [], ()) or "%(default)" in text or not text:
+        if action.default in (None, "", argparse.SUPPRESS, [], ()) or "%(default)" in text or not text:
             return text
         if isinstance(action, argparse._StoreTrueAction | argparse._VersionAction):
             return text
         return text + " (default: %(default)s)"
+
+
+class _TopFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """The top-level help keeps its description's and epilog's lines as written."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -399,7 +439,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _log_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+def _log_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any) -> None:
     """--log-level and --log-json, before or after the subcommand (after: ``default`` SUPPRESS,
     so an option given before the subcommand is not overwritten)."""
     parser.add_argument(
@@ -417,13 +457,17 @@ def _log_flags(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+def _path_args(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=f"{what} (none: the current folder)")
+
+
 def _source_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-repository",
         "--model-store",
         action="append",
         metavar="DIR",
-        help="a Triton model repository (repeatable; default: ./model_repository with ./graphs)",
+        help="a Triton model repository (repeatable)",
     )
     parser.add_argument(
         "--graphs", action="append", metavar="DIR", help="a folder of YAML graphs (repeatable)"
@@ -431,37 +475,83 @@ def _source_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="flowserve", description=__doc__, formatter_class=_Formatter)
+    parser = _Parser(
+        prog="flowserve",
+        usage="%(prog)s [--version] [--log-level LEVEL] [--log-json] COMMAND ...",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=_TopFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"flowserve {VERSION}")
     _log_flags(parser, None)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
-    _log_flags(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands", prog="flowserve"
+    )
+    log_parent = argparse.ArgumentParser(add_help=False)
+    _log_flags(log_parent, argparse.SUPPRESS)
 
-    def command(name: str, help_text: str, under: Any = sub) -> argparse.ArgumentParser:
+    def command(
+        name: str,
+        help_text: str,
+        under: Any = sub,
+        logs: bool = True,
+        usage: str | None = None,
+        description: str | None = None,
+    ) -> argparse.ArgumentParser:
         new: argparse.ArgumentParser = under.add_parser(
-            name, help=help_text, description=help_text, parents=[common], formatter_class=_Formatter
+            name,
+            help=help_text,
+            description=description or help_text,
+            usage=usage,
+            parents=[log_parent] if logs else [],
+            formatter_class=_Formatter,
         )
         return new
 
     # every default is the settings object's (flowserve/settings.py), with FLOWSERVE_* applied
     d = Settings.from_env() if defaults is None else defaults
-    serve = command("serve", "serve model repositories and graphs")
+    serve = command(
+        "serve",
+        "serve models and graphs over HTTP and gRPC",
+        logs=False,
+        description="serve models and graphs over HTTP and gRPC with Triton's protocol (and /metrics)",
+        usage="%(prog)s [PATH ...] [--http-port PORT] [--grpc-port PORT] [--workers N|auto] [OPTION ...]",
+    )
+    serve._optionals.title = "common options"
     serve.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="a project folder (model_repository/, graphs/, nodes/), a graph folder or a Triton model "
+        "repository (s3://... too); none: the current folder",
+    )
+    # the groups of --help, in the order shown (every option belongs to one)
+    common = serve._optionals  # -h, where to serve from, where to listen
+    models = serve.add_argument_group("models and repositories")
+    startup = serve.add_argument_group("startup, readiness and shutdown (Triton's options)")
+    listen = serve.add_argument_group("listeners and protocols")
+    limits = serve.add_argument_group("limits and overload")
+    timeouts = serve.add_argument_group("connection timeouts (seconds; 0: none)")
+    security = serve.add_argument_group(
+        "security: gRPC TLS (Triton's options; HTTP has none), access, shared memory"
+    )
+    execution = serve.add_argument_group("execution: rate limiter, response cache, threads, Ray")
+    logs = serve.add_argument_group("logging, tracing and debugging")
+    _log_flags(logs, argparse.SUPPRESS)
+    common.add_argument(
         "--model-repository",
         "--model-store",
         action="append",
         metavar="DIR|URL",
-        help="a Triton model repository (repeatable; s3://, gs://, az:// too). With neither this nor "
-        "--graphs: ./model_repository and ./graphs, where present",
+        help="a Triton model repository (repeatable; s3://, gs://, az:// too), served with the PATHs",
     )
-    serve.add_argument(
+    common.add_argument(
         "--graphs",
         action="append",
         metavar="DIR",
         help="a folder of YAML graphs (repeatable; s3://, gs://, az:// too, with the nodes/ beside it)",
     )
-    serve.add_argument(
+    common.add_argument(
         "--workers",
         type=_workers,
         default=d.workers,
@@ -469,7 +559,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="worker processes serving as one server (auto: one per usable core); pinned models "
         "(sequences, response cache, rate limiter, flowserve.pin) load in one worker only",
     )
-    serve.add_argument(
+    common.add_argument(
         "--host",
         "--http-address",
         "--grpc-address",
@@ -484,37 +574,36 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         ("grpc", d.grpc_port, "gRPC"),
         ("metrics", d.metrics_port, "Prometheus /metrics"),
     ):
-        serve.add_argument(
+        common.add_argument(
             f"--{kind}-port", type=int, default=port, metavar="PORT", help=f"{what} port (negative: off)"
         )
-    serve.add_argument(
+    common.add_argument(
         "--openai-port", type=int, default=d.openai_port, metavar="PORT",
         help="OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
         "/v1/models) over the generation models and graphs on this port (default: off)",
     )  # fmt: skip
     for kind, what in (("http", "HTTP/REST"), ("grpc", "gRPC"), ("metrics", "/metrics")):
-        serve.add_argument(
+        listen.add_argument(
             f"--allow-{kind}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
             help=f"serve {what} (Triton's flag; false: the same as a negative --{kind}-port)",
         )  # fmt: skip
-    readiness = serve.add_argument_group("startup and readiness (Triton's options)")
-    readiness.add_argument(
+    startup.add_argument(
         "--strict-readiness", type=_flag, nargs="?", const=True, default=d.strict_readiness, metavar="BOOL",
         help="not ready (/v2/health/ready, gRPC ServerReady) while a model or graph failed to load; "
         "false: ready once serving, whatever failed",
     )  # fmt: skip
-    readiness.add_argument(
+    startup.add_argument(
         "--exit-on-error", type=_flag, nargs="?", const=True, default=d.exit_on_error, metavar="BOOL",
         help="exit with status 1 when a model or graph fails to load at start (Triton's default is "
         "true; here false: the others serve and, with --strict-readiness, the server is not ready)",
     )  # fmt: skip
-    readiness.add_argument(
+    models.add_argument(
         "--strict-model-config", "--disable-auto-complete-config", type=_flag, nargs="?", const=True,
         default=False, metavar="BOOL",
         help="accepted for Triton's command lines; configs are always auto-completed where a model "
         "allows it (Triton's default), true only logs a warning",
     )  # fmt: skip
-    serve.add_argument(
+    logs.add_argument(
         "--trace-config",
         action="append",
         metavar="[MODE,]SETTING=VALUE",
@@ -522,62 +611,61 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "triton,file=, triton,log-frequency=, opentelemetry,url=, opentelemetry,resource=K=V, "
         "opentelemetry,bsp_max_queue_size= / bsp_schedule_delay= / bsp_max_export_batch_size=",
     )
-    tls = serve.add_argument_group("gRPC TLS (Triton's options; HTTP has none, as in Triton)")
-    tls.add_argument(
+    security.add_argument(
         "--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
         help="serve gRPC over TLS with --grpc-server-cert and --grpc-server-key",
     )  # fmt: skip
-    tls.add_argument(
+    security.add_argument(
         "--grpc-use-ssl-mutual", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
         help="TLS, and clients must present a certificate that --grpc-root-cert verifies",
     )  # fmt: skip
-    tls.add_argument("--grpc-server-cert", metavar="PEM", help="the server's certificate (chain)")
-    tls.add_argument("--grpc-server-key", metavar="PEM", help="the server's private key")
-    tls.add_argument("--grpc-root-cert", metavar="PEM", help="CA certificates that verify clients")
-    serve.add_argument(
+    security.add_argument("--grpc-server-cert", metavar="PEM", help="the server's certificate (chain)")
+    security.add_argument("--grpc-server-key", metavar="PEM", help="the server's private key")
+    security.add_argument("--grpc-root-cert", metavar="PEM", help="CA certificates that verify clients")
+    listen.add_argument(
         "--grpc-infer-response-compression-level",
         choices=["none", "low", "medium", "high"],
         default=d.grpc_response_compression,
         help="compress gRPC inference responses (gzip or deflate, as the client accepts), as Triton",
     )
-    serve.add_argument(
+    models.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],
         default=d.repository.control_mode,
         help="none: load all, no load/unload API; explicit: only --load-model and the API; "
         "poll: load all and re-scan every --repository-poll-secs",
     )
-    serve.add_argument(
+    models.add_argument(
         "--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)"
     )
-    serve.add_argument(
+    models.add_argument(
         "--repository-poll-secs",
         type=float,
         default=d.repository.poll_secs,
         metavar="S",
         help="poll mode: seconds between two scans of the repositories",
     )
-    serve.add_argument(
+    models.add_argument(
         "--repository-cache-dir",
         metavar="DIR",
         help="where remote repositories (s3://, gs://, az://, any fsspec URL) are mirrored "
         "(default: a temporary directory removed at exit)",
     )
-    serve.add_argument(
+    models.add_argument(
         "--repository-complete",
         choices=["stable", "marker"],
         default=d.repository.remote.complete,
         help="when a remote version directory is complete: 'stable' (the same in two listings "
         "--repository-settle-secs apart) or 'marker' (it holds a .complete file, written last)",
     )
-    serve.add_argument(
+    models.add_argument(
         "--repository-settle-secs",
         type=float,
         default=d.repository.remote.settle_s,
         metavar="S",
         help="--repository-complete stable: how far apart the two listings are",
     )
-    serve.add_argument(
+    execution.add_argument(
         "--rate-limit",
         choices=["off", "execution_count"],
         default=d.rate_limit,
@@ -585,60 +673,60 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "resources are free, fewest executions (scaled by priority) first",
     )
     for kind in ("http", "grpc"):
-        serve.add_argument(
+        listen.add_argument(
             f"--{kind}-header-forward-pattern",
             metavar="REGEX",
             help=f"{kind.upper()} request headers whose name matches become request parameters "
             "(a split node can route by them)",
         )
-    serve.add_argument(
+    execution.add_argument(
         "--rate-limit-resource",
         action="append",
         metavar="NAME:COUNT[:DEVICE]",
         help="units of a rate limiter resource (default: the most one instance asks for)",
     )
-    serve.add_argument(
+    execution.add_argument(
         "--cache-size",
         type=int,
         default=d.repository.cache_bytes,
         metavar="BYTES",
         help="response cache size (LRU, shared); models opt in with response_cache { enable: true }",
     )
-    serve.add_argument(
+    execution.add_argument(
         "--inline-threshold-us",
         type=float,
         metavar="US",
         default=d.repository.inline_threshold_us,
         help="run Python work on the event loop while it takes less than this (0: always on threads)",
     )
-    serve.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
-    serve.add_argument(
+    listen.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop")
+    security.add_argument(
         "--allow-shm", type=_flag, nargs="?", const=True, default=d.allow_shm, metavar="BOOL",
         help="client system shared memory (on, as in Triton; --allow-shm=false refuses it; "
         "--http-restricted-api / --grpc-restricted-protocol shared-memory:KEY=VALUE restricts it)",
     )  # fmt: skip
-    serve.add_argument(
+    limits.add_argument(
         "--max-request-bytes",
         type=int,
         metavar="BYTES",
         default=d.limits.max_request_bytes,
         help="largest request body accepted",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-tensor-elements",
         type=int,
         default=d.limits.max_tensor_elements,
         metavar="N",
         help="most elements one input tensor may have (and largest dimension)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-bytes-element",
         type=int,
         default=d.limits.max_bytes_element,
         metavar="BYTES",
         help="largest single element of a BYTES input",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-bytes-elements-per-request",
         type=int,
         default=d.limits.max_bytes_elements_per_request,
@@ -646,7 +734,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="most BYTES elements one request may carry, all its inputs together (each becomes a "
         "Python object)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-inflight-requests",
         type=int,
         default=d.max_inflight_requests,
@@ -654,14 +742,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="inference requests in flight at once, server-wide; more are refused with UNAVAILABLE "
         "(0: no bound)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-inflight-per-model",
         type=int,
         default=d.max_inflight_per_model,
         metavar="N",
         help="inference requests in flight at once for one model or graph (0: no bound)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-connections",
         type=int,
         default=d.max_connections,
@@ -670,7 +758,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "longest is evicted to make room, and only when none is idle is a new one closed at once and "
         "logged (0: no cap)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-connections-per-peer",
         type=int,
         default=d.max_connections_per_peer,
@@ -678,7 +766,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="open connections per listener from one client address, with the same eviction of idle "
         "ones (behind a proxy, all clients share the proxy's address: raise it or 0; 0: no cap)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-buffered-request-bytes",
         type=int,
         default=d.max_buffered_request_bytes,
@@ -686,7 +774,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="request bytes held in memory across all requests; a request that does not fit is refused "
         "before it is read (HTTP 503, gRPC RESOURCE_EXHAUSTED; 0: no budget)",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--max-unsent-response-bytes",
         type=int,
         default=d.max_unsent_response_bytes,
@@ -694,7 +782,6 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="response bytes encoded but not yet taken by their clients, across all connections; past "
         "it, the connections holding the most are closed (0: no budget)",
     )
-    timeouts = serve.add_argument_group("connection timeouts (seconds; 0: none)")
     timeouts.add_argument(
         "--http-idle-timeout-secs",
         type=float,
@@ -731,7 +818,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         metavar="S",
         help="a gRPC call whose request message makes no progress this long ends DEADLINE_EXCEEDED",
     )
-    serve.add_argument(
+    limits.add_argument(
         "--http-max-json-bytes",
         type=int,
         default=d.http_max_json_bytes,
@@ -739,60 +826,60 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         help="largest JSON request body (or JSON header of a binary request); default 32 MiB, at most "
         "--max-request-bytes; larger tensors go as binary data",
     )
-    serve.add_argument(
+    logs.add_argument(
         "--log-verbose",
         type=int,
         metavar="N",
         help="Triton's verbose logging level: 1 or more logs at DEBUG (the same as --log-level DEBUG)",
     )
-    serve.add_argument(
+    logs.add_argument(
         "--log-file",
         metavar="PATH",
         help="also write the log to this file (Triton's flag; the only way to set it: the logging API "
         "cannot change file locations)",
     )
-    serve.add_argument(
+    startup.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=d.shutdown_grace_s,
         metavar="S",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are cancelled",
     )
-    serve.add_argument(
+    security.add_argument(
         "--http-restricted-api",
         action="append",
         metavar="API[,API...]:KEY=VALUE",
         help="HTTP API categories (health, metadata, inference, shared-memory, model-config, "
         "model-repository, statistics, trace, logging) that need header KEY: VALUE (repeatable)",
     )
-    serve.add_argument(
+    security.add_argument(
         "--grpc-restricted-protocol",
         action="append",
         metavar="API[,API...]:KEY=VALUE",
         help="gRPC categories (as --http-restricted-api) that need metadata triton-grpc-protocol-KEY: VALUE",
     )
-    serve.add_argument(
+    listen.add_argument(
         "--grpc-server",
         choices=GRPC_SERVERS,
         default=d.grpc_server,
         help="gRPC transport: flowserve's own HTTP/2 server (native, about a tenth of grpcio's CPU per "
         "call) or grpc's asyncio server (grpcio)",
     )
-    serve.add_argument(
+    listen.add_argument(
         "--http-server",
         choices=HTTP_SERVERS,
         default=d.http_server,
         help="HTTP/1.1 server: flowserve's own (native, about two thirds of uvicorn's CPU per request) or "
         "uvicorn with httptools (uvicorn)",
     )
-    serve.add_argument(
+    models.add_argument(
         "--model-load-thread-count",
         type=int,
         default=d.repository.model_load_threads,
         metavar="N",
         help="models loaded at once, and instances of one model for backends that allow it (Triton's)",
     )
-    serve.add_argument(
+    execution.add_argument(
         "--ray-address",
         default=d.ray_address,
         metavar="ADDRESS",
@@ -800,7 +887,7 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         "(the cluster this machine runs, else a new local one) or 'local' (a new local one); "
         "without it a model asking for KIND_RAY fails to load",
     )
-    serve.add_argument(
+    logs.add_argument(
         "--error-traceback", type=_flag, nargs="?", const=True, default=d.repository.error_traceback,
         metavar="BOOL",
         help="a failing node's error response carries the traceback of its Python code (file:line; "
@@ -808,15 +895,39 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 
-    validate = command("validate", "check repositories and graphs, list every error")
+    validate = command(
+        "validate",
+        "check what serve would serve, list every error",
+        description="check what serve would serve and list every error: read and compile every model "
+        "and graph, then load and start each once as serve would (--no-load: read and compile only)",
+    )
+    _path_args(validate, "project folders, graph folders or files, or model repositories")
+    _source_flags(validate)
     validate.add_argument(
-        "paths", nargs="+", metavar="PATH", help="model repositories, graph folders or files"
+        "--no-load",
+        dest="load",
+        action="store_false",
+        help="only read and compile: open no model file and initialize no Python model or node (by "
+        "default each is loaded and started as serve would, then stopped)",
     )
     validate.set_defaults(func=cmd_validate)
+
+    init = command(
+        "init",
+        "create a project that serves as it is",
+        description="create a project that serves as it is: a batched model, a Python node, a YAML "
+        "graph that chains them and a client script that calls the graph",
+    )
+    init.add_argument(
+        "directory", nargs="?", default=".", metavar="DIR", help="where to create it (made if missing)"
+    )
+    init.add_argument("--force", action="store_true", help="overwrite files that are there already")
+    init.set_defaults(func=cmd_init)
 
     graph = command("graph", "inspect graphs")
     graph_sub = graph.add_subparsers(dest="graph_command", required=True, metavar="COMMAND")
     glist = command("list", "list models and graphs with their nodes", graph_sub)
+    _path_args(glist, "as serve's PATH")
     _source_flags(glist)
     glist.set_defaults(func=cmd_graph_list)
     grender = command(
