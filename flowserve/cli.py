@@ -266,7 +266,9 @@ def _flag(text: str) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    hint = " (a PATH after a BOOL option goes first, or write the option as --option=true)"
+    path_like = Path(text).exists() or "/" in text
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}{hint if path_like else ''}")
 
 
 def _workers(text: str) -> int:

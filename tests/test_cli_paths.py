@@ -72,3 +72,13 @@ def test_a_missing_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     missing = tmp_path / "nowhere"
     assert cli.main(["serve", str(missing)]) == 2
     assert capsys.readouterr().err == f"error: {missing}: no such file or directory\n"
+
+
+def test_a_path_taken_for_a_bool_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--exit-on-error PATH``: the optional BOOL takes the path; the one line says what to do."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--exit-on-error", "."])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "expected true or false, got '.' (a PATH after a BOOL option goes first" in err
