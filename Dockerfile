@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # flowserve images: each serves what it ships (the bundled model_repository/ and graphs/, every
 # model READY) until given other content (deploy/README.md: a derived image, a volume, object
 # storage).
