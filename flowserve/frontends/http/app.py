@@ -111,7 +111,7 @@ class BodyRefused(HttpStatusError):
 @dataclass(slots=True)
 class Reply:
     status: int
-    chunks: list[bytes]
+    chunks: list[bytes | memoryview]  # memoryview: an output's own bytes (infer.raw_view)
     content_type: bytes = _JSON
     headers: Headers = field(default_factory=list)
 
