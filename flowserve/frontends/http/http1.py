@@ -90,6 +90,8 @@ MAX_PIPELINED = 16  # requests parsed and waiting behind the one being answered
 MAX_HEAD = 64 << 10  # bytes of request line and headers (beyond: 431 and the connection closes)
 MAX_HEADERS = 256  # header lines of one request (beyond: 431 and the connection closes)
 BODY_HIGH_WATER = 4 << 20  # unread request body bytes before reading pauses
+RAW_BODY_FROM = 64 << 10  # a body of known length this large is read straight into its own buffer
+READ_BUFFER = 256 << 10  # the server's read buffer (its connections' reads take turns)
 QUEUED_BODY_HIGH_WATER = 64 << 10  # ... for a pipelined request waiting behind another one
 IDLE_TIMEOUT_S = 75.0  # no request on a kept-alive connection, or a request head incomplete
 BODY_TIMEOUT_S = 30.0  # a request body with no progress while the server waits for it
@@ -117,11 +119,14 @@ class _Request:
         "chunked",
         "complete",
         "continue_sent",
+        "declared",
         "delivered",
         "discard",
         "expect_continue",
+        "filled",
         "head",
         "head_sent",
+        "into",
         "keep_alive",
         "length",
         "reader",
@@ -134,8 +139,13 @@ class _Request:
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
         self.continue_sent = False
-        self.body: list[bytes] = []
+        self.body: list[bytes | bytearray] = []
         self.buffered = 0
+        # a large body of known length (Content-Length, RAW_BODY_FROM or more): once the app asks
+        # for it, the rest is read straight into ``into`` (its size), ``filled`` bytes so far
+        self.declared = 0
+        self.into: bytearray | None = None
+        self.filled = 0
         self.complete = False  # the whole body has arrived
         self.delivered = False  # ... and receive() has handed all of it to the app
         self.discard = False  # the app answered: what follows of the body is dropped
@@ -147,8 +157,11 @@ class _Request:
         self.responded = False  # the last body message was sent
 
 
-class Connection(asyncio.Protocol):
-    """One client connection: parses requests, runs the app on them in order, writes answers."""
+class Connection(asyncio.BufferedProtocol):
+    """One client connection: parses requests, runs the app on them in order, writes answers.
+    Bytes are read into the server's read buffer and parsed from there, except the body of a
+    large request of known length that the app is reading: that is read straight into the
+    body's own buffer (``get_buffer``), no copy in user space."""
 
     def __init__(self, server: Http1Server) -> None:
         self.server = server
@@ -160,6 +173,7 @@ class Connection(asyncio.Protocol):
         self.gone = False
         self.closing = False  # answer what is in flight, then close
         self.parsing: _Request | None = None  # the request whose body is arriving
+        self.raw: _Request | None = None  # ... when it is read straight into its buffer
         self.current: _Request | None = None  # the request the app is answering
         self.waiting: deque[_Request] = deque()
         self.task: asyncio.Task[None] | None = None
@@ -232,6 +246,7 @@ class Connection(asyncio.Protocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
+        self.raw = None
         for request in (self.current, self.parsing, *self.waiting):
             if request is not None:
                 _wake(request)
@@ -239,7 +254,31 @@ class Connection(asyncio.Protocol):
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        raw = self.raw
+        if raw is not None:
+            assert raw.into is not None
+            return memoryview(raw.into)[raw.filled :]
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.raw is not None:
+            self._raw_received(nbytes)
+        else:
+            self.data_received(self.server.read_buffer[:nbytes])
+
+    def _raw_received(self, nbytes: int) -> None:
+        """``nbytes`` of the body being read straight into its buffer arrived."""
+        request = self.raw
+        assert request is not None and request.into is not None
+        request.filled += nbytes
+        self._body_seen += 1
+        if request.filled == len(request.into):  # the body is complete: on to the next request
+            self.raw = None
+            self.parser = httptools.HttpRequestParser(self)  # (the old one is in the body)
+            self.on_message_complete()
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._broken:
             return
         try:
@@ -328,13 +367,22 @@ class Connection(asyncio.Protocol):
             "headers": self._headers,
         }
         expect = False
+        declared = 0
         for name, value in self._headers:
             if name == b"expect" and value.lower() == b"100-continue":
                 expect = True
+            elif name == b"content-length":
+                declared = int(value)  # (the parser checked it)
+            elif name == b"transfer-encoding":
+                declared = -(1 << 62)  # chunked: no length to read into
         request = _Request(scope, parser.should_keep_alive() and not self.closing, expect)
+        if declared >= RAW_BODY_FROM:
+            request.declared = declared
         self.parsing = request
         if self.current is None:
             self._start(request)
+            if request.declared:  # its body is read when the app asks, straight into its buffer
+                self._pause()
         else:
             self.waiting.append(request)
             if len(self.waiting) >= MAX_PIPELINED:
@@ -387,11 +435,15 @@ class Connection(asyncio.Protocol):
         if self.gone:
             return
         self._idle_at = self.server.clock()
+        if self.raw is request:  # answered before its body ended: the parser is out of step
+            self.raw = None
+            self.closing = True
         if self.parsing is request and not request.complete:
             if _body_unasked(request):
                 self.closing = True
             request.discard = True  # answered before its body ended: drop the rest
             request.body.clear()
+            request.into = None
             request.buffered = 0
         if not request.keep_alive or self.closing:
             if self.parsing is request:  # its body is still arriving: drop it, then close
@@ -427,9 +479,13 @@ class Connection(asyncio.Protocol):
                 # nothing more will come: as ASGI asks, wait for the client to go away
                 await self._until_gone(request)
                 return _DISCONNECT
+            if request.declared and not request.complete and not self._broken and not self.gone:
+                await self._read_whole(request)  # a large body: all of it, in one piece
+                continue
             if request.body or request.complete:
                 body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
                 request.body = []
+                request.into = None  # the app holds it now (nothing here may keep it alive)
                 request.buffered = 0
                 request.delivered = request.complete
                 self._resume()
@@ -438,6 +494,26 @@ class Connection(asyncio.Protocol):
                 request.continue_sent = True
                 self._write(_CONTINUE)
             await self._more(request)
+
+    async def _read_whole(self, request: _Request) -> None:
+        """Read the rest of a large body of known length straight into a buffer of its size
+        (the app asked for it: it accepted its length), and hand it on whole once complete."""
+        if request.into is None:
+            into = request.into = bytearray(request.declared)
+            filled = 0
+            for chunk in request.body:  # what arrived before the app asked
+                into[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
+            request.body = [into]  # (delivered once complete)
+            request.filled = filled
+            request.buffered = 0  # taken by the app (reading does not pause for it)
+            if filled < len(into) and self.parsing is request:
+                self.raw = request
+            if request.expect_continue and not request.continue_sent:
+                request.continue_sent = True
+                self._write(_CONTINUE)
+            self._resume()
+        await self._more(request)
 
     async def _until_gone(self, request: _Request) -> None:
         while not self.gone:
@@ -738,6 +814,8 @@ class Http1Server:
         self.dropped = 0  # connections closed because the unsent budget was spent
         self._drops = LimitedLog(log, clock)  # logged at most once a second
         self._server: asyncio.Server | None = None
+        # every connection reads into this (Connection.get_buffer); a read is parsed before the next
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))
 
     def make_room(self, asking: Connection, size: int) -> bool:
         """The ``unsent`` budget has no room for ``size`` more bytes of ``asking``: close the

@@ -26,7 +26,7 @@ from flowserve.core.device import DeviceTensor, tensor_map
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import MAX_RANK, Limits, check_bytes_elements, check_shape
 from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
-from flowserve.core.wire import as_bytes, from_list, from_raw, to_raw
+from flowserve.core.wire import as_bytes, from_list, from_raw, raw_view, to_raw
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
 
@@ -68,7 +68,7 @@ class ResponsePlan:
 @dataclass(slots=True)
 class EncodedResponse:
     header: bytes
-    blobs: list[bytes]
+    blobs: list[bytes | memoryview]  # the outputs' own bytes where they are the wire's (raw_view)
 
 
 # ------------------------------------------------------------------ request
@@ -191,6 +191,8 @@ def _decode_inputs(
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     size = len(binary)
+    if not binary.readonly:  # a large body read into its own (writable) buffer: tensors stay read-only
+        binary = binary.toreadonly()
     limits = plane.limits
     bytes_elements = 0
     for item in items:
@@ -361,7 +363,7 @@ def raw_request(
         dims[variable[0]] = count // known if known else 0
     if datatype == "BYTES":
         check_bytes_elements(model, name, check_shape(name, dims, plane.limits), plane.limits)
-    tensor = from_raw(name, datatype, dims, body, plane.limits)
+    tensor = from_raw(name, datatype, dims, body if body.readonly else body.toreadonly(), plane.limits)
     return InferRequest(model, {name: tensor}, version), ResponsePlan(
         default_binary=True, explicit_default=True
     )
@@ -397,7 +399,7 @@ def _count_bytes_elements(model: str, name: str, body: memoryview, limits: Limit
 def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePlan) -> EncodedResponse:
     """The JSON header and the raw output bytes that follow it (none: a plain JSON body)."""
     outputs: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     specs = plan.outputs
     for name, value in response.outputs.items():
         array = value if isinstance(value, np.ndarray | DeviceTensor) else np.asarray(value)
@@ -411,7 +413,7 @@ def encode_response(plane: DataPlane, response: InferResponse, plan: ResponsePla
             continue
         data = None if _binary(spec, plan, datatype) else json_data(array, datatype)
         if data is None:
-            raw = to_raw(array)
+            raw = raw_view(array) if isinstance(array, np.ndarray) else to_raw(array)
             blobs.append(raw)
             entry["parameters"] = {"binary_data_size": len(raw)}
         else:
