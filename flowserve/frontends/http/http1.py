@@ -20,6 +20,11 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
   pauses while more than ``BODY_HIGH_WATER`` bytes wait unread (the app enforces the request
   size limit and the server's byte budget and answers 413/503 as soon as they are passed;
   what follows of that body is discarded);
+- a body of known length of ``RAW_BODY_FROM`` bytes or more: reading pauses after its head;
+  when the app asks for it (it has accepted its length), the rest is read straight from the
+  socket into a buffer of its size (the connection is a ``BufferedProtocol``: every other read
+  goes to the server's read buffer and is parsed from there) and handed over whole, so its bytes
+  are not copied in user space (``benchmarks/copies.py``);
 - ``Expect: 100-continue`` is answered when the app first asks for the body;
 - a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
 - a streamed response (no Content-Length) waits in ``send`` while the transport's buffer is
