@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from flowserve.analyze.cli import add_parser as add_analyze
+from flowserve.bench.cli import add_parser as add_bench
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.version import VERSION
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
@@ -955,6 +957,8 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     )
     _source_flags(grender)
     grender.set_defaults(func=cmd_graph_render)
+    add_bench(command)
+    add_analyze(command)
     return parser
 
 
