@@ -126,6 +126,15 @@ async def test_a_large_request_arrives_whole_however_it_is_cut(
         original(self, nbytes)
 
     monkeypatch.setattr(Connection, "_sunk", counted)
+    heads: list[int] = []
+    get_buffer = Connection.get_buffer
+
+    def buffer(self: Connection, hint: int) -> memoryview:
+        view = get_buffer(self, hint)
+        heads.append(view is self.server.read_head)
+        return view
+
+    monkeypatch.setattr(Connection, "get_buffer", buffer)
     payload = np.random.default_rng(1).bytes(3 * MiB + 12345)
     fields, body = await asyncio.to_thread(
         _call, server.port, grpc_message(payload), frame_size, sizes, padded
@@ -137,6 +146,7 @@ async def test_a_large_request_arrives_whole_however_it_is_cut(
     assert all(c.buffered == 0 for c in server.connections)
     # long DATA frames of a large message: most of it read straight into its buffer
     assert (sum(sunk) > len(payload) // 2) if straight else not sunk
+    assert any(heads) == straight  # frame heads read alone only between long frames
 
 
 def _excess(port: int) -> dict[str, str]:

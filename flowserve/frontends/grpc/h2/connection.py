@@ -135,8 +135,8 @@ class Connection(Sender, asyncio.BufferedProtocol):
         self.frame_flags = 0
         self.frame_stream: Stream | None = None
         # the stream whose request message is being read straight into its buffer (``get_buffer``
-        # gives the socket a view of it), while more of it is to come, and whether the last read
-        # went there
+        # gives the socket a view of it) while more of it is to come (set once a long frame of it
+        # was read so), and whether the last read went there
         self.expect: Stream | None = None
         self.sinking = False
         self.preface = False
@@ -349,6 +349,9 @@ class Connection(Sender, asyncio.BufferedProtocol):
         stream.stamp = self.server.tick
         self.buffered += nbytes
         self.frame_left -= nbytes
+        # its frames are long: the next frame's head is read alone, so its payload comes here too
+        into = stream.into
+        self.expect = stream if into is not None and stream.filled < len(into) else None
         self._ack_connection()
         if not self.frame_left:
             self.frame_stream = None
@@ -889,12 +892,14 @@ class Connection(Sender, asyncio.BufferedProtocol):
         data = stream.data
         if len(data) > 5 + declared:
             return  # more than one message: refused when the call's request ends
-        into = np.empty(5 + declared, np.uint8).data
+        try:
+            into = np.empty(5 + declared, np.uint8).data  # (its pages are touched as it fills)
+        except MemoryError:
+            return  # read as any other message (the budget is what bounds it)
         into[: len(data)] = data
         stream.into = into
         stream.filled = len(data)
         stream.data = bytearray()
-        self.expect = stream
 
     def _data_end(self, stream: Stream, flags: int, padding: int) -> None:
         """The DATA frame for ``stream`` ended (``padding``: its bytes not delivered)."""
