@@ -71,7 +71,7 @@ def text(report: Report) -> str:
             else ("p" if trial.index in front else " ")
         )
         if trial.error:
-            lines.append(f"{trial.index:>3} {'failed':>13} {'':>8} {'':>5}  {trial.why}: {trial.error}")
+            lines.append(f"{trial.index:>2}{mark} {'failed':>13} {'':>8} {'':>5}  {trial.why}: {trial.error}")
             continue
         p99 = f"{best.p99_ms:8.2f}" if best else f"{'-':>8}"
         at = f"{best.concurrency:>5}" if best else f"{'-':>5}"
