@@ -637,7 +637,10 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         choices=["none", "explicit", "poll"],
         default=d.repository.control_mode,
         help="none: load all, no load/unload API; explicit: only --load-model and the API; "
-        "poll: load all and re-scan every --repository-poll-secs",
+        "poll: load all, then every --repository-poll-secs reload what changed (model "
+        "directories, graph files, and the nodes/*.py code a graph's python nodes run), load "
+        "what was added, unload what was removed; a failed reload is logged and the loaded "
+        "version keeps serving",
     )
     models.add_argument(
         "--load-model", action="append", metavar="NAME", help="explicit mode: load at start ('*': all)"
