@@ -1,0 +1,1 @@
+"""Python nodes of the benchmark pipeline of ``flowserve analyze`` (graphs/embed.yaml)."""
