@@ -69,9 +69,11 @@ def scan_all(repositories: Iterable[Path], graph_dirs: Iterable[Path]) -> Scan:
 
 
 def add_import_roots(graph_dirs: Iterable[Path]) -> None:
-    """Make ``nodes.x:Class`` importable: the folder holding a graphs folder is where its
-    ``nodes/`` lives (the repository layout), and the working directory is too."""
-    roots = [Path.cwd(), *(p.resolve().parent for p in graph_dirs)]
+    """Make ``nodes.x:Class`` importable: the folder holding a graphs folder (or a graph file's
+    folder) is where its ``nodes/`` lives (the repository layout), and the working directory is
+    too."""
+    folders = (p.resolve().parent if p.is_file() else p.resolve() for p in graph_dirs)
+    roots = [Path.cwd(), *(folder.parent for folder in folders)]
     for root in roots:
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
