@@ -31,8 +31,9 @@ class LoadPlan:
 def node_stats(
     before: list[dict[str, Any]], after: list[dict[str, Any]], rename: str = ""
 ) -> tuple[NodeStat, ...]:
-    """What the nodes did between two snapshots: averages per call over the calls in between.
-    ``rename``: the name of a one-node model's node (its page calls the node otherwise)."""
+    """What the nodes did between two snapshots: averages per call over the calls in between
+    (a node without a batcher has no queue and compute figures: its whole time in the node
+    counts as computing). ``rename``: the name of a one-node model's node (its page calls the node otherwise)."""
     earlier = {n["name"]: n for n in before}
     out = []
     for node in after:
@@ -51,9 +52,10 @@ def node_stats(
         rows = int(node.get("inference_count", 0)) - int(old.get("inference_count", 0))
         runs = int(node.get("execution_count", 0)) - int(old.get("execution_count", 0))
         name = rename if rename and len(after) == 1 else str(node["name"])
-        out.append(
-            NodeStat(name, spent("queue_us"), spent("compute_us"), calls, rows / runs if runs > 0 else 1.0)
-        )
+        queue, compute = spent("queue_us"), spent("compute_us")
+        if queue == 0 and compute == 0:  # a node with no batcher counts only its time inside
+            compute = spent("avg_us")
+        out.append(NodeStat(name, queue, compute, calls, rows / runs if runs > 0 else 1.0))
     return tuple(out)
 
 

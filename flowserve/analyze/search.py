@@ -117,6 +117,13 @@ class Search:
     seen: set[Candidate] = field(default_factory=set)
     log: Callable[[str], None] = lambda _: None
 
+    def affordable(self) -> bool:
+        """Whether another configuration fits in the budget: the time left covers half the
+        average configuration so far (a configuration started is measured to its end)."""
+        left = self.budget.left()
+        spent = self.budget.seconds - left
+        return left > 0 and (not self.trials or left >= 0.5 * spent / len(self.trials))
+
     def run(self, candidate: Candidate, why: str) -> Trial:
         self.seen.add(candidate)
         trial = Trial(len(self.trials), candidate, [], why)
@@ -172,12 +179,12 @@ def guided(
 ) -> list[Trial]:
     search = Search(space, goal, measure, budget, log=log)
     best = search.run(start, "as shipped")
-    while budget.left() > 0:
+    while search.affordable():
         improved = False
         for move in search.moves(best):
             if move.candidate in search.seen:
                 continue
-            if budget.left() <= 0:
+            if not search.affordable():
                 break
             trial = search.run(move.candidate, move.why)
             if trial.score > best.score * (1 + NOISE) or (best.score == 0 and trial.score > 0):
@@ -200,7 +207,7 @@ def brute(
     search = Search(space, goal, measure, budget, log=log)
     search.run(start, "as shipped")
     for candidate in grid(space, start):
-        if budget.left() <= 0:
+        if not search.affordable():
             break
         if candidate not in search.seen:
             search.run(candidate, candidate.describe(start))
