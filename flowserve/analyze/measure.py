@@ -33,7 +33,8 @@ def node_stats(
 ) -> tuple[NodeStat, ...]:
     """What the nodes did between two snapshots: averages per call over the calls in between
     (a node without a batcher has no queue and compute figures: its whole time in the node
-    counts as computing). ``rename``: the name of a one-node model's node (its page calls the node otherwise)."""
+    counts as computing). ``rename``: the name of a one-node model's node (its page calls the
+    node otherwise)."""
     earlier = {n["name"]: n for n in before}
     out = []
     for node in after:
