@@ -110,7 +110,9 @@ def scatter_svg(report: Report) -> str:
     if not points:
         return "<p>no measurement</p>"
     xmax = max(p.throughput for _, p in points) * 1.05
-    ymax = max(max(p.p99_ms for _, p in points), report.goal.p99_ms) * 1.1
+    # p99 far past the target would flatten the rest: the axis ends at 3x the target, and points
+    # above it sit on the top edge
+    ymax = min(max(max(p.p99_ms for _, p in points), report.goal.p99_ms), 3 * report.goal.p99_ms) * 1.1
     xs, ys = _ticks(xmax), _ticks(ymax)
     xmax, ymax = max(xs[-1], xmax), max(ys[-1], ymax)
 
@@ -118,7 +120,7 @@ def scatter_svg(report: Report) -> str:
         return _PAD + (v / xmax) * (_W - 2 * _PAD)
 
     def y(v: float) -> float:
-        return _H - _PAD - (v / ymax) * (_H - 2 * _PAD)
+        return _H - _PAD - (min(v, ymax) / ymax) * (_H - 2 * _PAD)
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" font-size="11" font-family="sans-serif">'
@@ -174,7 +176,7 @@ def breakdown_svg(report: Report) -> str:
     bar, gap = 14, 6
     height = _PAD + len(names) * (len(rows) * bar + gap) + 30
     top = max(n.total_us for _, p in rows for n in p.nodes) or 1.0
-    scale = (_W - 220) / top
+    scale = (_W - 260) / top
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-size="11" font-family="sans-serif">'
     ]

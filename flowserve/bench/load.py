@@ -83,7 +83,12 @@ async def _open_loop(client: Client, level: Level, recorder: Recorder, state: _S
             session = idle.pop()
         elif opened < MAX_OPEN_SESSIONS:
             opened += 1
-            session = await client.session()
+            try:
+                session = await client.session()
+            except RequestFailed as exc:
+                opened -= 1
+                recorder.failed(due, clock(), str(exc))
+                return
         else:
             recorder.failed(due, clock(), f"more than {MAX_OPEN_SESSIONS} requests outstanding: dropped")
             return
