@@ -76,8 +76,33 @@ def start_server(
     """Start a server subprocess and wait until it says it is ready.
 
     ``listeners`` (default: env FLOWSERVE_TEST_LISTENERS or "http,grpc,metrics") picks which
-    front ends run; the others get port -1 (off).
+    front ends run; the others get port -1 (off). A free port can be taken by another process
+    between :func:`free_port` and the server's bind (tests run in parallel): a server that
+    stops with "address already in use" is started again on other ports.
     """
+    for attempt in range(PORT_RETRIES):
+        try:
+            return _start_server(extra, repositories, graphs, listeners, timeout)
+        except PortTaken:
+            if attempt == PORT_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+PORT_RETRIES = 4
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind a port :func:`free_port` had found free."""
+
+
+def _start_server(
+    extra: tuple[str, ...],
+    repositories: tuple[Path, ...],
+    graphs: tuple[Path, ...],
+    listeners: str | None,
+    timeout: float,
+) -> ServerProcess:
     wanted = (listeners or os.environ.get("FLOWSERVE_TEST_LISTENERS", "http,grpc,metrics")).split(",")
     ports = {name: (free_port() if name in wanted else -1) for name in ("http", "grpc", "metrics")}
     cmd = [sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1"]
@@ -111,6 +136,8 @@ def start_server(
     while not ready.wait(0.1):
         if proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
+            if "address already in use" in server.log():
+                raise PortTaken(server.log())
             raise RuntimeError(f"flowserve did not start:\n{server.log()}")
     return server
 

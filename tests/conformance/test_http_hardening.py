@@ -30,9 +30,9 @@ from flowserve.frontends.http import HTTP_SERVERS, jsonfmt, start_http
 from flowserve.frontends.http.http1 import Http1Server
 from flowserve.frontends.http.listener import HttpListener
 from tests.conformance.test_http1 import read_response, until
+from tests.pacing import prompt_bound
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPT_S = 1.0  # a good client's answer while another client misbehaves (a noisy machine)
 
 SCALE = """
 name: scale
@@ -138,7 +138,7 @@ class Prober:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        assert self.answers > 0 and self.slowest < PROMPT_S, (self.answers, self.slowest)
+        assert self.answers > 0 and self.slowest < prompt_bound(), (self.answers, self.slowest)
 
 
 def scale_body(count: int) -> bytes:

@@ -1,6 +1,7 @@
 """What the attack-run tests share: a good client that keeps inferring ``simple`` while an
-attack runs (:class:`Prober`: the slowest answer it saw must stay under ``PROMPT_S``), and the
-server's resident memory (:func:`rss`, over the server and its worker processes)."""
+attack runs (:class:`Prober`: the slowest answer it saw must stay under
+:func:`tests.pacing.prompt_bound` of its answers before the attack), and the server's resident
+memory (:func:`rss`, over the server and its worker processes)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.conftest import ServerProcess
+from tests.pacing import prompt_bound
 
-PROMPT_S = 1.0  # the slowest answer a good client may see while an attack runs (usually ~10 ms)
 PROTOCOLS: dict[str, ModuleType] = {"http": httpclient, "grpc": grpcclient}
 ROW = np.arange(16, dtype=np.int32).reshape(1, 16)
+CALIBRATION = 5  # answers before the attack: the pace it is measured against
 
 
 def connect(served: ServerProcess, protocol: str) -> Any:
@@ -48,6 +50,7 @@ class Prober:
         self.served = served
         self.protocol = protocol
         self.slowest = 0.0
+        self.before = 0.0  # the slowest of the answers before the attack
         self.answers = 0
         self.errors: list[str] = []
         self._ready = threading.Event()
@@ -56,8 +59,13 @@ class Prober:
 
     def __enter__(self) -> Prober:
         self._thread.start()
-        assert self._ready.wait(60) and not self.errors, self.errors  # answered once before the attack
+        assert self._ready.wait(60) and not self.errors, self.errors  # answered before the attack
+        self.before, self.slowest, self.answers = self.slowest, 0.0, 0
         return self
+
+    def bound(self) -> float:
+        """The slowest answer a good client may see while the attack runs."""
+        return prompt_bound(self.before)
 
     def _run(self) -> None:
         client = connect(self.served, self.protocol)
@@ -69,7 +77,8 @@ class Prober:
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ROW + ROW)
                 self.slowest = max(self.slowest, time.monotonic() - started)
                 self.answers += 1
-                self._ready.set()
+                if self.answers >= CALIBRATION:
+                    self._ready.set()
                 if self._stop.wait(0.02):
                     return
         except Exception as exc:  # the server died, stalled or dropped it: the test says which
@@ -85,7 +94,7 @@ class Prober:
         self._stop.set()
         self._thread.join(30)
         assert not self.errors, self.errors
-        assert self.answers > 1 and self.slowest < PROMPT_S, (self.answers, self.slowest)
+        assert self.answers > 1 and self.slowest < self.bound(), (self.answers, self.slowest, self.before)
 
 
 def tree_pids(pid: int) -> list[int]:
