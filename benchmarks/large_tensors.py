@@ -16,6 +16,7 @@ payload moved per second (input and output: ``2 * size * rate``), and flowserve 
     python benchmarks/large_tensors.py                     # 1 KiB .. 64 MiB, 2 repeats, ~10 min
     python benchmarks/large_tensors.py --sizes 16M --transports grpc http --repeats 3
     python benchmarks/large_tensors.py --no-triton         # flowserve alone (no reference)
+    python benchmarks/large_tensors.py --baseline /tmp/old # also flowserve from another tree
 
 Writes benchmarks/results/large_tensors.json.
 """
@@ -23,6 +24,7 @@ Writes benchmarks/results/large_tensors.json.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -79,7 +81,9 @@ def build_repository(root: Path) -> Path:
     return root
 
 
-def start(group: ServerGroup, repository: Path, with_triton: bool) -> dict[str, Server]:
+def start(
+    group: ServerGroup, repository: Path, with_triton: bool, baseline: Path | None = None
+) -> dict[str, Server]:
     servers: dict[str, Server] = {}
     ready = [f"/v2/models/{MODEL}/ready"]
     if with_triton:
@@ -90,6 +94,12 @@ def start(group: ServerGroup, repository: Path, with_triton: bool) -> dict[str, 
     http, grpc = free_port(), free_port()
     command = flowserve_command(repository.resolve(), repository.parent / "empty_graphs", http, grpc)
     servers["flowserve"] = group.start("flowserve", command, http, grpc, ready)
+    if baseline is not None:  # flowserve from another source tree, in its own directory
+        http, grpc = free_port(), free_port()
+        command = flowserve_command(repository.resolve(), repository.parent / "empty_graphs", http, grpc)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(baseline) + os.pathsep + env.get("PYTHONPATH", "")
+        servers["baseline"] = group.start("baseline", command, http, grpc, ready, env, cwd=baseline)
     return servers
 
 
@@ -103,7 +113,7 @@ def extra_args(size: int, transport: str) -> list[str]:
 
 def run(args: argparse.Namespace, binary: Path, servers: dict[str, Server]) -> list[dict[str, Any]]:
     settings = Settings(window_ms=args.window_ms, stability=50, max_trials=4, timeout_s=600.0)
-    sides = [side for side in ("triton", "flowserve") if side in servers]
+    sides = [side for side in ("triton", "baseline", "flowserve") if side in servers]
     records: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for label in args.sizes:
@@ -132,7 +142,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for size, label, transport in keys:
         mine = [r for r in records if (r["bytes"], r["transport"]) == (size, transport)]
         row: dict[str, Any] = {"size": label, "bytes": size, "transport": transport}
-        for side in ("triton", "flowserve"):
+        for side in ("triton", "baseline", "flowserve"):
             runs = [r for r in mine if r["side"] == side]
             if not runs:
                 continue
@@ -152,19 +162,29 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
             row["ratio"] = round(row["flowserve"]["req_per_s"] / row["triton"]["req_per_s"], 2)
             row["ratio_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+        if "baseline" in row and "flowserve" in row:  # this tree / the baseline tree
+            row["vs_baseline"] = round(row["flowserve"]["req_per_s"] / row["baseline"]["req_per_s"], 2)
         rows.append(row)
     return rows
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = f"{'size':>5} {'via':<5} {'Triton MB/s':>12} {'flowserve MB/s':>15} {'ratio':>6}  range"
+    head = (
+        f"{'size':>5} {'via':<5} {'Triton MB/s':>12} {'baseline MB/s':>14} {'flowserve MB/s':>15} "
+        f"{'ratio':>6}  {'range':<10} {'vs baseline':>11}"
+    )
     lines = [head, "-" * len(head)]
     for row in rows:
         triton = row.get("triton", {}).get("MB_per_s", "-")
         mine = row.get("flowserve", {}).get("MB_per_s", "-")
         ratio = row.get("ratio", "-")
         span = "-".join(str(x) for x in row.get("ratio_range", [])) or "-"
-        lines.append(f"{row['size']:>5} {row['transport']:<5} {triton:>12} {mine:>15} {ratio:>6}  {span}")
+        base = row.get("baseline", {}).get("MB_per_s", "-")
+        versus = row.get("vs_baseline", "-")
+        lines.append(
+            f"{row['size']:>5} {row['transport']:<5} {triton:>12} {base:>14} {mine:>15} {ratio:>6}  "
+            f"{span:<10} {versus:>11}"
+        )
     return "\n".join(lines)
 
 
@@ -177,6 +197,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--no-triton", action="store_true", help="measure flowserve alone")
+    parser.add_argument("--baseline", type=Path, help="also flowserve from this source tree (before/after)")
     parser.add_argument("--output", type=Path, default=RESULTS / "large_tensors.json")
     return parser.parse_args(argv)
 
@@ -188,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
         print("starting servers ...", flush=True)
-        servers = start(group, repository, not args.no_triton)
+        servers = start(group, repository, not args.no_triton, args.baseline)
         records = run(args, binary, servers)
     rows = summarize(records)
     print()
@@ -198,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "large tensors: flowserve vs Triton 2.51, identity model.py, perf_analyzer c=1, same run",
         started,
         settings={"sizes": args.sizes, "transports": args.transports, "repeats": args.repeats,
-                  "window_ms": args.window_ms},
+                  "window_ms": args.window_ms, "baseline": str(args.baseline or "")},
         summary=rows,
         runs=records,
     )
