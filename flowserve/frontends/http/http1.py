@@ -288,9 +288,13 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             self.parser.feed_data(data)
-            if self.parsing is not None and self._body_timer is None and not self._broken:
+            parsing = self.parsing
+            if parsing is not None and not self._broken:
                 # a body is still to come (rare for a small request: it came with its head)
-                self._arm_body()
+                if self._body_timer is None:
+                    self._arm_body()
+                if parsing.declared and parsing is self.current and parsing.into is None:
+                    self._pause()  # read when the app asks for it, straight into its buffer
         except httptools.HttpParserUpgrade:
             # an upgrade (h2c, websocket) this server does not do: the request was parsed
             # and is answered as plain HTTP/1.1; the connection closes after it
@@ -386,8 +390,6 @@ class Connection(asyncio.BufferedProtocol):
         self.parsing = request
         if self.current is None:
             self._start(request)
-            if request.declared:  # its body is read when the app asks, straight into its buffer
-                self._pause()
         else:
             self.waiting.append(request)
             if len(self.waiting) >= MAX_PIPELINED:
