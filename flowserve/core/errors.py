@@ -48,6 +48,10 @@ class FlowserveError(Exception):
     """Base of every error the engine reports to a caller."""
 
     code: ErrorCode = ErrorCode.UNKNOWN
+    # the message is the model's own, to reach a client of the model as it is (Triton's python
+    # backend: a TritonError's text, "Failed to process the request(s) for model ..."): a model
+    # served alone adds no "in model '...'" before it (a step of a graph still says where)
+    verbatim: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -107,7 +111,10 @@ class NodeError(InternalError):
         self.code = cause.code if isinstance(cause, FlowserveError) else ErrorCode.INTERNAL
         # a repository model is a one-node graph of the same name: say "model" once
         where = f"in model '{graph}'" if graph == node else f"in graph '{graph}', node '{node}'"
-        super().__init__(f"{where}: {detail}" + (f"\n{shown_traceback}" if shown_traceback else ""))
+        if graph == node and isinstance(cause, FlowserveError) and cause.verbatim:
+            where = ""
+        head = f"{where}: {detail}" if where else detail
+        super().__init__(head + (f"\n{shown_traceback}" if shown_traceback else ""))
 
 
 def error_class(code: ErrorCode) -> type[FlowserveError]:

@@ -191,7 +191,11 @@ ensemble_scheduling { step [ { model_name: "failing" model_version: -1
     try:
         with pytest.raises(FlowserveError) as info:
             await engine.infer("wrap", {"X": np.array([-3], np.int32)})
-        assert "in graph 'wrap', node 'failing': in model 'failing':" in str(info.value)
+        # the step's model words its error as Triton's python backend does (naming it)
+        assert (
+            "in graph 'wrap', node 'failing': Failed to process the request(s) for model 'failing_0_0'"
+            in str(info.value)
+        )
         assert "negative input" in str(info.value)
     finally:
         await engine.stop()
