@@ -49,6 +49,15 @@ from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
 from flowserve.nodes.backends._support import Parameters, placement
 from flowserve.nodes.backends.base import BackendNode
+from flowserve.nodes.backends.python_replies import (
+    RESCHEDULE,
+    Answer,
+    InstanceLoop,
+    Reply,
+    end_streams,
+    settle,
+    verbatim,
+)
 from flowserve.nodes.batching.runners import StreamSink
 from flowserve.nodes.loading import ModelControl
 from flowserve.runtime.registry import Registry
@@ -153,7 +162,9 @@ class PythonInstance:
     is_async: bool
     module: Any = None
     model_dir: str = ""
-    loop: asyncio.AbstractEventLoop | None = field(default=None)
+    name: str = ""  # Triton's instance name (<group>_<index>), as its errors say
+    loop: InstanceLoop | None = field(default=None)  # an async execute's, made on first use
+    link: pb_utils.BlsLink | None = None
 
 
 class PythonModelBackend(BackendNode):
@@ -180,18 +191,94 @@ class PythonModelBackend(BackendNode):
         await super().start()
 
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
-        """One request (no batcher): as the base, but the request's id, parameters and
-        cancellation reach model.py's ``InferenceRequest`` (``is_cancelled()`` turns true when
-        the caller goes away or the deadline passes while execute runs, as in Triton)."""
+        """One request (no batcher): its id, parameters and cancellation reach model.py's
+        ``InferenceRequest`` (``is_cancelled()`` turns true when the caller goes away or the
+        deadline passes while execute runs, as in Triton)."""
+        clock = self.clock
+        queued = started = clock.now_ns()
 
-        def run(instance: PythonInstance, one: TensorMap) -> TensorMap:
-            return self._execute_requests(instance, [one], (ctx,))[0]
+        def acquired() -> None:
+            nonlocal started
+            started = clock.now_ns()
 
         try:
-            return await self._run_one(inputs, run)
+            result = (await self.run_batch([inputs], acquired, (ctx,)))[0]
         except asyncio.CancelledError:
             ctx.cancelled = True
             raise
+        rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
+        self.stats.queue.add(started - queued)
+        self.stats.record_execution(rows, 0, clock.now_ns() - started, 0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def run_batch(  # type: ignore[override]
+        self,
+        batch: list[TensorMap],
+        on_acquired: Callable[[], None] | None = None,
+        contexts: Sequence[Context] | None = None,
+    ) -> list[TensorMap | Exception]:
+        """One ``execute(requests)`` of the batch on a free instance (a batcher's entry point):
+        each request's answer, or the error of that request alone (python_replies). Responses
+        sent after ``execute`` returned are awaited here, the instance already free; requests
+        released to be rescheduled wait for a free instance again, behind the others waiting."""
+        if self._in_reshape:
+            batch = [self._reshape(b, self._in_reshape) for b in batch]
+        requests = [
+            self._request(inputs, contexts[i] if contexts is not None else None)
+            for i, inputs in enumerate(batch)
+        ]
+        replies = [Reply() for _ in requests]
+        for request, reply in zip(requests, replies, strict=True):
+            request._reply_to = reply.deliver
+        answers: list[Answer] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        while todo:
+            got = await self.pool.run(
+                self._execute_some, ([requests[i] for i in todo], [replies[i] for i in todo]), on_acquired
+            )
+            on_acquired = None
+            for i, answer in zip(todo, got, strict=True):
+                answers[i] = answer
+            todo = [i for i in todo if answers[i] is RESCHEDULE]
+        results: list[TensorMap | Exception] = []
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, concurrent.futures.Future):
+                try:
+                    answer = await asyncio.wrap_future(answer)
+                except asyncio.CancelledError:
+                    if request._sender is not None:
+                        request._sender.cancelled.set()
+                    raise
+            results.append(self._answer(answer))
+        return results
+
+    def _execute_some(
+        self,
+        instance: PythonInstance,
+        some: tuple[list[pb_utils.InferenceRequest], list[Reply]],
+    ) -> list[Answer]:
+        requests, replies = some
+        for request in requests:
+            request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+        try:
+            returned, error = _call_execute(instance, requests), None
+        except FlowserveError as exc:
+            returned, error = None, exc
+        return settle(requests, replies, returned, error)
+
+    def _answer(self, answer: Answer) -> TensorMap | Exception:
+        """A request's answer as its outputs (reshaped as declared), or its error."""
+        if isinstance(answer, Exception):
+            return answer
+        try:
+            outputs = self._outputs(answer)
+        except Exception as exc:
+            return exc
+        if self._out_reshape:
+            outputs = self._reshape(outputs, self._out_reshape)
+        return outputs
 
     async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
         """A decoupled model's responses for one request (no batcher), in the order model.py
@@ -229,18 +316,24 @@ class PythonModelBackend(BackendNode):
         """One ``execute(requests)`` of a decoupled model on a free instance (a batcher's entry
         point, and :meth:`stream`'s): each request gets a response sender that feeds its sink;
         returns when ``execute`` returned, freeing the instance (responses may still come). A
-        request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` is handed to
-        ``execute`` again once it returns (Triton's iterative sequences)."""
+        request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` goes back in the queue
+        for a free instance, and ``execute`` gets it again (Triton's iterative sequences)."""
         if self._in_reshape:
             batch = [self._reshape(b, self._in_reshape) for b in batch]
         requests = [self._request(inputs, ctx) for inputs, ctx in zip(batch, contexts, strict=True)]
         for request, sink in zip(requests, sinks, strict=True):
             sender = request._sender = pb_utils.InferenceResponseSender(self._deliver_to(sink))
             sink.cancel = sender.cancelled.set
-        await self.pool.run(self._execute_streams, requests, on_acquired)
+        pending = requests
+        while pending:
+            pending = await self.pool.run(self._execute_streams, pending, on_acquired)
+            on_acquired = None
 
     def _deliver_to(self, sink: StreamSink) -> Callable[[Any, bool], None]:
         def deliver(response: Any, final: bool) -> None:
+            if isinstance(response, BaseException):  # the server ends the request
+                sink.fail(response)
+                return
             try:
                 outputs = None if response is None else self._outputs(response)
             except Exception as exc:  # an error response ends this request's stream
@@ -250,13 +343,17 @@ class PythonModelBackend(BackendNode):
 
         return deliver
 
-    def _execute_streams(self, instance: PythonInstance, requests: list[pb_utils.InferenceRequest]) -> None:
-        pending = requests
-        while pending:
-            for request in pending:
-                request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
-            _call_execute(instance, pending)
-            pending = [r for r in pending if _rescheduled(r)]
+    def _execute_streams(
+        self, instance: PythonInstance, requests: list[pb_utils.InferenceRequest]
+    ) -> list[pb_utils.InferenceRequest]:
+        """One decoupled ``execute``; the requests it released to run again."""
+        for request in requests:
+            request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+        try:
+            returned, error = _call_execute(instance, requests), None
+        except FlowserveError as exc:
+            returned, error = None, exc
+        return end_streams(requests, returned, error, instance.name)
 
     def _request(self, inputs: TensorMap, ctx: Context | None) -> pb_utils.InferenceRequest:
         parameters = dict(ctx.parameters) if ctx is not None and ctx.parameters else {}
@@ -318,41 +415,33 @@ class PythonModelBackend(BackendNode):
         is_async = inspect.iscoroutinefunction(execute)
         if is_async or _uses_bls(path):
             self.pool.policy.threshold_ns = 0  # BLS and async execute block: never on the loop
-        return PythonInstance(obj, is_async, module, str(version_dir))
+        instance_name = _instance_name(name, config, self.model.instances, index)
+        return PythonInstance(obj, is_async, module, str(version_dir), instance_name, link=self._link)
 
     def execute(self, instance: PythonInstance, inputs: TensorMap) -> TensorMap:
-        return self._execute_requests(instance, [inputs], None)[0]
+        return self.execute_batch(instance, [inputs])[0]
 
     def execute_batch(self, instance: PythonInstance, batch: list[TensorMap]) -> list[TensorMap]:
-        """Triton's semantics: one ``execute(requests)`` call with one request per batch entry."""
-        return self._execute_requests(instance, batch, None)
-
-    def batch_call(
-        self, contexts: Sequence[Context]
-    ) -> Callable[[PythonInstance, list[TensorMap]], list[TensorMap]]:
-        """Each request's id, parameters (a client's, or a BLS call's) and cancellation reach
-        its ``InferenceRequest`` of the batch."""
-        return lambda instance, batch: self._execute_requests(instance, batch, contexts)
-
-    def _execute_requests(
-        self, instance: PythonInstance, batch: list[TensorMap], contexts: Sequence[Context] | None
-    ) -> list[TensorMap]:
-        requests = [
-            self._request(inputs, contexts[i] if contexts is not None else None)
-            for i, inputs in enumerate(batch)
-        ]
-        # a non-decoupled model may answer through the response sender too (one response and
-        # the final flag each), returning None from execute
-        sent: list[list[Any]] = [[] for _ in requests]
-        for request, box in zip(requests, sent, strict=True):
-            request._replies = box  # a sender over it is made if model.py asks for one
-        responses = _call_execute(instance, requests)
-        if responses is None and all(len(box) == 1 for box in sent):
-            responses = [box[0] for box in sent]
-        if responses is None or len(responses) != len(requests):
-            got = 0 if responses is None else len(responses)
-            raise InternalError(f"model.py execute() returned {got} responses for {len(requests)} requests")
-        return [self._outputs(response) for response in responses]
+        """Triton's semantics on this instance's thread, waiting here (the sequence batcher's and
+        warmup's way in): one ``execute(requests)`` with one request per batch entry; the first
+        request's error raises."""
+        requests = [self._request(inputs, None) for inputs in batch]
+        replies = [Reply() for _ in requests]
+        for request, reply in zip(requests, replies, strict=True):
+            request._reply_to = reply.deliver
+        answers = self._execute_some(instance, (requests, replies))
+        while any(a is RESCHEDULE for a in answers):
+            todo = [i for i, a in enumerate(answers) if a is RESCHEDULE]
+            again = self._execute_some(instance, ([requests[i] for i in todo], [replies[i] for i in todo]))
+            for i, answer in zip(todo, again, strict=True):
+                answers[i] = answer
+        results: list[TensorMap] = []
+        for answer in answers:
+            done = self._answer(answer.result() if isinstance(answer, concurrent.futures.Future) else answer)
+            if isinstance(done, Exception):
+                raise done
+            results.append(done)
+        return results
 
     def _outputs(self, response: Any) -> TensorMap:
         if not isinstance(response, pb_utils.InferenceResponse):
@@ -364,7 +453,7 @@ class PythonModelBackend(BackendNode):
         if error is not None:
             # a TritonError's code -> the matching error (HTTP and gRPC answer Triton's status)
             kind = error_class(pb_utils.ERROR_CODES.get(error.code(), ErrorCode.INTERNAL))
-            raise kind(error.message())
+            raise verbatim(kind(error.message()))  # the model's own words, as Triton answers them
         out = tensor_map({t._name: t._edge() for t in response.output_tensors()})  # DLPack: as they are
         declared = self._declared
         for key, array in out.items():
@@ -425,16 +514,6 @@ def force_cpu_only_inputs(model: ModelSpec) -> bool:
         return False
     raise InvalidArgument(
         f"model '{model.name}': parameter {FORCE_CPU_ONLY} must be \"yes\" or \"no\", got '{raw}'"
-    )
-
-
-def _rescheduled(request: pb_utils.InferenceRequest) -> bool:
-    """Whether execute() released the request to run again, and someone still reads it."""
-    sender = request._sender
-    return (
-        request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-        and sender is not None
-        and not (sender.closed or sender.is_cancelled())
     )
 
 
@@ -515,22 +594,25 @@ class _as_model:  # noqa: N801 - a context manager
 
 def _call_execute(instance: PythonInstance, requests: list[Any]) -> Any:
     """model.py's ``execute(requests)``; an async one runs on the instance's own loop. What it
-    raises becomes an InternalError saying so (a FlowserveError, e.g. from BLS, as it is)."""
+    raises becomes Triton's "Failed to process the request(s)" error (a FlowserveError, e.g.
+    from BLS, as it is)."""
     if instance.module is not None:
         sys.modules["model"] = instance.module
     pb_utils.set_model_dir(instance.model_dir)
     try:
         if instance.is_async:
             if instance.loop is None:
-                instance.loop = asyncio.new_event_loop()
-            return instance.loop.run_until_complete(instance.model.execute(requests))
+                instance.loop = InstanceLoop(instance.name, instance.model_dir, instance.link)
+            return instance.loop.run(instance.model.execute(requests))
         return instance.model.execute(requests)
     except FlowserveError:
         raise
-    except pb_utils.TritonModelException as exc:
-        raise InternalError(f"model.py execute() raised: {exc.message()}") from exc
     except Exception as exc:
-        raise InternalError(f"model.py execute() raised {_describe(exc)}") from exc
+        raise verbatim(
+            InternalError(
+                f"Failed to process the request(s) for model '{instance.name}', message: {_describe(exc)}"
+            )
+        ) from exc
 
 
 def _uses_bls(path: Path) -> bool:

@@ -100,7 +100,8 @@ class _Call:
 @dataclass(eq=False, slots=True)
 class _Batch:
     entries: list[Entry[_Call]]
-    outcome: list[TensorMap] | BaseException | None = None
+    # each request's outputs or its own error, or the error of the whole batch
+    outcome: list[TensorMap | Exception] | BaseException | None = None
 
 
 class Batcher(Node):
@@ -275,7 +276,10 @@ class Batcher(Node):
             if self._queue:
                 self._wake.set()
         self._count(1, rows, phases.start_ns - now, phases)
-        return results[0]
+        result = results[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     # ------------------------------------------------------------------ the batching task
 
@@ -362,7 +366,7 @@ class Batcher(Node):
             if isinstance(runner, StreamRunner):
                 sinks = [c.sink for c in calls if c.sink is not None]
                 await runner.run_streams(inputs, contexts, sinks, phases)
-                results: list[TensorMap] = [{} for _ in calls]  # the responses went to the sinks
+                results: list[TensorMap | Exception] = [{} for _ in calls]  # the responses went to the sinks
             else:
                 results = await runner.run(inputs, rows, contexts, phases)
             self._record(batch.entries, phases)
@@ -433,7 +437,11 @@ def _resolve(batch: _Batch) -> None:
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
         elif outcome is not None:
-            future.set_result(outcome[index])
+            result = outcome[index]
+            if isinstance(result, Exception):  # this request's own error (python models)
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
 
 def _fail(future: asyncio.Future[TensorMap], error: BaseException) -> None:

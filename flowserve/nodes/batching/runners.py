@@ -51,12 +51,13 @@ class BatchRunner(Protocol):
 
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
-    ) -> list[TensorMap]: ...
+    ) -> list[TensorMap | Exception]: ...
 
 
 @runtime_checkable
 class BatchExecutor(Protocol):
-    """A node whose instances execute a list of requests at once (BackendNode)."""
+    """A node whose instances execute a list of requests at once (BackendNode). A result may be
+    an exception: that request's own error (Triton's python backend fails requests one by one)."""
 
     name: str
 
@@ -68,7 +69,7 @@ class BatchExecutor(Protocol):
         batch: list[TensorMap],
         on_acquired: Callable[[], None] | None = None,
         contexts: Sequence[Context] | None = None,
-    ) -> list[TensorMap]: ...
+    ) -> Sequence[TensorMap | Exception]: ...
 
 
 class StreamSink:
@@ -184,7 +185,7 @@ class InstanceRunner(_OnInstances[BatchExecutor]):
 
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
-    ) -> list[TensorMap]:
+    ) -> list[TensorMap | Exception]:
         clock = self.clock
 
         def acquired() -> None:
@@ -240,13 +241,13 @@ class NodeRunner:
 
     async def run(
         self, batch: Sequence[TensorMap], rows: Sequence[int], contexts: Sequence[Context], phases: Phases
-    ) -> list[TensorMap]:
+    ) -> list[TensorMap | Exception]:
         clock = self.clock
         phases.start_ns = clock.now_ns()
         merged = merge_rows(batch, self.ragged, self.meter)
         phases.infer_start_ns = clock.now_ns()
         outputs = await self.node(merged, batch_context(contexts))
         phases.infer_end_ns = clock.now_ns()
-        parts = split_rows(outputs, rows, self.node.name)
+        parts: list[TensorMap | Exception] = list(split_rows(outputs, rows, self.node.name))
         phases.end_ns = clock.now_ns()
         return parts

@@ -85,8 +85,7 @@ def request_key(inputs: Tensors, ragged: frozenset[str] = _NO_RAGGED) -> Key:
     """What two requests must share to be merged into one batch."""
     return tuple(
         sorted(
-            (name, _datatype(a), None if name in ragged else tuple(a.shape[1:]))
-            for name, a in inputs.items()
+            (name, _datatype(a), None if name in ragged else tuple(a.shape[1:])) for name, a in inputs.items()
         )
     )
 
@@ -176,12 +175,17 @@ def split_rows(outputs: TensorMap, rows: Sequence[int], node: str) -> list[Tenso
     return parts
 
 
-def check_split(results: Sequence[TensorMap], rows: Sequence[int], node: str) -> list[TensorMap]:
-    """Verify per-request results (a backend's ``execute_batch``): one per request, its rows each."""
+def check_split(
+    results: Sequence[TensorMap | Exception], rows: Sequence[int], node: str
+) -> list[TensorMap | Exception]:
+    """Verify per-request results (a backend's ``execute_batch``): one per request, its rows each
+    (or that request's own error, which fails it alone)."""
     if not isinstance(results, list | tuple) or len(results) != len(rows):
         got = len(results) if isinstance(results, list | tuple) else type(results).__name__
         raise InternalError(f"node '{node}' returned {got} results for a batch of {len(rows)} requests")
     for index, (result, want) in enumerate(zip(results, rows, strict=True)):
+        if isinstance(result, Exception):
+            continue
         if not isinstance(result, dict):
             raise InternalError(
                 f"node '{node}' returned {type(result).__name__} for request {index} of a batch, "

@@ -14,7 +14,7 @@ from flowserve.nodes.backends.pb.flags import (
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
 )
-from flowserve.nodes.backends.pb.responses import InferenceResponse, InferenceResponseSender, _appender
+from flowserve.nodes.backends.pb.responses import Deliver, InferenceResponseSender
 from flowserve.nodes.backends.pb.tensor import PreferredMemory, Tensor
 
 
@@ -176,8 +176,10 @@ class InferenceRequest(BlsRequest):
         return self._requested
 
     def set_release_flags(self, flags: int) -> None:
-        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: a decoupled model's ``execute`` is
-        called again with this request once it returns (iterative sequences)."""
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: once ``execute`` returned (None in its
+        list for this request, for a non-decoupled model), the request goes back in the queue for
+        a free instance and ``execute`` gets it again (Triton's request rescheduling, iterative
+        sequences)."""
         flags = int(flags)
         if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
             raise TritonModelException(f"Unsupported release flags: {flags}")
@@ -198,9 +200,9 @@ class InferenceRequest(BlsRequest):
         """A decoupled model's way to answer: any number of ``send`` calls, then one with
         ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (possibly after execute returned)."""
         sender = self._sender
-        if sender is None and self._replies is not None:
+        if sender is None and self._reply_to is not None:
             # a non-decoupled model answering through the sender: made when first asked for
-            sender = self._sender = InferenceResponseSender(_appender(self._replies), decoupled=False)
+            sender = self._sender = InferenceResponseSender(self._reply_to, decoupled=False)
         if sender is None:
             raise TritonModelException(
                 "get_response_sender() is only for decoupled models "
@@ -211,7 +213,7 @@ class InferenceRequest(BlsRequest):
     _sender: InferenceResponseSender | None = None
     _context: Context | None = None  # the server's view of the request (cancellation)
     # a non-decoupled request's responses sent through its sender (the backend reads them)
-    _replies: list[InferenceResponse] | None = None
+    _reply_to: Deliver | None = None
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

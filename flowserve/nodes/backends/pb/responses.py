@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from flowserve.core.errors import FlowserveError
+from flowserve.core.errors import FlowserveError, NodeError
 from flowserve.nodes.backends.pb.errors import _CODES, TritonError, TritonModelException
 from flowserve.nodes.backends.pb.flags import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from flowserve.nodes.backends.pb.tensor import Tensor
@@ -44,14 +44,17 @@ class InferenceResponse:
         return p if isinstance(p, str) else json.dumps(p or {})
 
 
+# what a response sender hands on: a response (None: the final flag alone), or the error that
+# ends the request (the server's: execute raised, or returned what it must not), and whether final
+Deliver = Callable[[InferenceResponse | BaseException | None, bool], None]
+
+
 class InferenceResponseSender:
     """Hands a model's responses to ``deliver(response, final)``, from any thread. A decoupled
     model sends any number, then the final flag; a non-decoupled one (``decoupled=False``)
     sends exactly one response, with the final flag."""
 
-    def __init__(
-        self, deliver: Callable[[InferenceResponse | None, bool], None], decoupled: bool = True
-    ) -> None:
+    def __init__(self, deliver: Deliver, decoupled: bool = True) -> None:
         self._deliver = deliver
         self._decoupled = decoupled
         self._closed = False
@@ -105,18 +108,27 @@ class InferenceResponseSender:
     def closed(self) -> bool:
         return self._closed
 
-
-def _appender(box: list[InferenceResponse]) -> Callable[[InferenceResponse | None, bool], None]:
-    def deliver(response: InferenceResponse | None, final: bool) -> None:
-        if response is not None:
-            box.append(response)
-
-    return deliver
+    def _close(self, error: BaseException | None = None) -> bool:
+        """The server ends the request (no more sends: they raise "closed"), handing on
+        ``error`` with the final flag when given; False when the model had already closed it."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+        if error is not None:
+            self._deliver(error, True)
+        return True
 
 
 def _error_response(model: str, exc: BaseException) -> InferenceResponse:
+    """A BLS request's error as its response. An error raised before the model ran (an unknown
+    model, inputs it refuses) reads as Triton words it: "Model <name> - Error when running
+    inference: ..."; an error of the model's run reads as the model gave it."""
     if isinstance(exc, FlowserveError):
-        return InferenceResponse(error=TritonError(exc.message, _CODES.get(exc.code, TritonError.INTERNAL)))
+        message = exc.message
+        if not isinstance(exc, NodeError):
+            message = f"Model {model} - Error when running inference: {message}"
+        return InferenceResponse(error=TritonError(message, _CODES.get(exc.code, TritonError.INTERNAL)))
     if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):
         return InferenceResponse(
             error=TritonError(f"BLS request to model '{model}' timed out", TritonError.UNAVAILABLE)
@@ -127,7 +139,7 @@ def _error_response(model: str, exc: BaseException) -> InferenceResponse:
         )
     if isinstance(exc, TritonModelException):
         return InferenceResponse(error=TritonError(exc.message()))
-    return InferenceResponse(error=TritonError(f"BLS request to model '{model}' failed: {exc}"))
+    return InferenceResponse(error=TritonError(f"Model {model} - Error when running inference: {exc}"))
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
