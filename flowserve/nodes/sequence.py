@@ -16,6 +16,12 @@ backlog lasts. A client may have at most ``MAX_WAITING_STARTS_PER_CLIENT`` start
 more fail at once with UNAVAILABLE (house rule: every queue has a bound). Requests whose client
 is unknown (the in-process API) count as one client.
 
+**Iterative sequences** (``iterative_sequence: true``, Triton's): a model that answers a request
+over several ``execute`` calls, releasing it with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``
+between them. A request without a correlation id is a sequence of its own (Triton accepts it);
+one with an id runs after the earlier requests of its sequence. A decoupled model's responses
+stream back as it sends them (its control tensors and implicit state are not fed).
+
 Requests of different sequences that are waiting for the same instance run as one batch
 (one row each), as Triton does. With the ``direct`` strategy each sequence also owns a batch
 slot of its instance from START to END, and its requests always run in that row: a model may
@@ -32,6 +38,7 @@ import contextlib
 import heapq
 import itertools
 from collections import OrderedDict
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +128,11 @@ class SequenceBatcher(Node):
         self._waiting: list[Waiting] = []  # STARTs waiting for a slot, in arrival order
         self._waiting_of: dict[str, int] = {}  # client -> its STARTs waiting
         self._order = itertools.count()
+        self.decoupled = bool(getattr(inner, "decoupled", False))
+        model = getattr(inner, "model", None)
+        # (a field the bundled protobuf stubs do not declare)
+        batching = model.config.sequence_batching if model is not None else None
+        self.iterative = bool(getattr(batching, "iterative_sequence", False))
 
     @property
     def capacity(self) -> int:
@@ -152,7 +164,41 @@ class SequenceBatcher(Node):
         self._tasks.clear()
         await self.inner.stop()
 
+    def _on_its_own(self, ctx: Context) -> bool:
+        """An iterative sequence's request without a correlation id: a sequence of its own."""
+        return self.iterative and (ctx.parameters.get("sequence_id", 0) if ctx.parameters else 0) in (0, "")
+
+    async def stream(self, inputs: TensorMap, ctx: Context) -> AsyncGenerator[TensorMap, None]:
+        """A decoupled model's responses (iterative sequences), each sequence's requests one at
+        a time."""
+        if not self.decoupled:
+            yield await self(inputs, ctx)
+            return
+        if self._on_its_own(ctx):
+            async for outputs in self.inner.stream(inputs, ctx):
+                yield outputs
+            return
+        corr, start, end = correlation_id(self.name, ctx.parameters)
+        seq = await self._sequence(corr, start, ctx.peer)
+        seq.busy += 1
+        try:
+            async with seq.lock:
+                async for outputs in self.inner.stream(inputs, ctx):
+                    yield outputs
+        finally:
+            self._used(corr, seq)
+        if end:
+            self._release(corr)
+
+    def _used(self, corr: int | str, seq: Sequence) -> None:
+        seq.busy -= 1
+        seq.last_ns = self.clock.now_ns()
+        if self._active.get(corr) is seq:
+            self._active.move_to_end(corr)  # the most recently used now
+
     async def __call__(self, inputs: TensorMap, ctx: Context) -> TensorMap:
+        if self._on_its_own(ctx):
+            return await self.inner(inputs, ctx)
         corr, start, end = correlation_id(self.name, ctx.parameters)
         seq = await self._sequence(corr, start, ctx.peer)
         seq.busy += 1
@@ -164,10 +210,7 @@ class SequenceBatcher(Node):
                 self._wake[seq.instance].set()
                 outputs = await future
         finally:
-            seq.busy -= 1
-            seq.last_ns = self.clock.now_ns()
-            if self._active.get(corr) is seq:
-                self._active.move_to_end(corr)  # the most recently used now
+            self._used(corr, seq)
         if end:
             self._release(corr)
         return outputs
