@@ -149,7 +149,10 @@ async def test_execute_errors_name_the_model(bk) -> None:
     async with bk.engine_for(TESTS) as engine:
         with pytest.raises(FlowserveError) as info:
             await engine.infer("failing", {"INPUT0": np.array([-1], np.int32)})
-    assert "model 'failing'" in str(info.value) and "negative input" in str(info.value)
+    # Triton's words: the model's instance ('<model>_<group>_<index>') and what it raised
+    assert str(info.value) == (
+        "Failed to process the request(s) for model 'failing_0_0', message: ValueError: negative input"
+    )
 
 
 async def test_broken_initialize_fails_alone(bk, tmp_path: Path) -> None:
