@@ -47,17 +47,35 @@ def verbatim(error: FlowserveError) -> FlowserveError:
 
 
 class Reply:
-    """A non-decoupled request's one response, when it comes through its sender (any thread)."""
+    """A non-decoupled request's one response, when it comes through its sender (any thread).
+    The future is made only for a request whose model asked for its sender (most never do)."""
 
-    __slots__ = ("future",)
+    __slots__ = ("_future",)
 
     def __init__(self) -> None:
-        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._future: concurrent.futures.Future[Any] | None = None
+
+    @property
+    def future(self) -> concurrent.futures.Future[Any]:
+        future = self._future
+        if future is None:
+            with _REPLY_LOCK:
+                future = self._future
+                if future is None:
+                    future = self._future = concurrent.futures.Future()
+        return future
+
+    def answered(self) -> bool:
+        future = self._future
+        return future is not None and future.done()
 
     def deliver(self, response: Any, final: bool) -> None:
         if response is not None:
             with contextlib.suppress(concurrent.futures.InvalidStateError):  # already answered
                 self.future.set_result(response)
+
+
+_REPLY_LOCK = threading.Lock()
 
 
 def rescheduled(request: pb_utils.InferenceRequest) -> bool:
@@ -83,7 +101,7 @@ def settle(
     answers: list[Answer] = []
     for index, (request, reply) in enumerate(zip(requests, replies, strict=True)):
         sender = request._sender
-        if reply.future.done():  # answered through its sender, during execute
+        if reply.answered():  # answered through its sender, during execute
             answers.append(reply.future.result())
             continue
         item = returned[index] if error is None and returned is not None else None
