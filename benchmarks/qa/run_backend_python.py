@@ -59,6 +59,7 @@ class Stage:
     log_count: dict[str, int] = field(default_factory=dict)
     # tests that cannot run here, and why (they are reported, not run)
     cannot: dict[str, str] = field(default_factory=dict)
+    log: str = ""  # the server log's name in the suite's folder, where a test reads it by name
 
 
 def copy_model(
@@ -288,6 +289,7 @@ SUITES: dict[str, list[Stage]] = {
             ["decoupled_test.py"],
             log_has=["Specific Msg!", "Info Msg!", "Warning Msg!", "Error Msg!"],
             log_count={"Finalize invoked": 3, "Finalize complete...": 3},
+            log="decoupled_server.log",
             cannot={
                 "test_decoupled_bls": TORCH + " (decoupled_bls)",
                 "test_decoupled_bls_stream": TORCH + " (dlpack_add_sub)",
@@ -332,7 +334,7 @@ SUITES: dict[str, list[Stage]] = {
         ),
     ],
     "lifecycle": [
-        Stage("lifecycle", lifecycle_models, ["lifecycle_test.py"]),
+        Stage("lifecycle", lifecycle_models, ["lifecycle_test.py"], log="lifecycle_server.log"),
         Stage(
             "init_error",
             one_model("init_error"),
@@ -349,6 +351,14 @@ SUITES: dict[str, list[Stage]] = {
         ),
     ],
     "bls": bls_stages(),
+    "request_rescheduling": [
+        Stage(
+            "request_rescheduling",
+            rescheduling_models,
+            [f"{SHM_LEAK}@bls_request_rescheduling", "grpc_endpoint_test.py"],
+            args=["--model-control-mode", "explicit", "--load-model", "*"],
+        ),
+    ],
     "python_test": [
         Stage(
             "bf16",
@@ -425,7 +435,12 @@ def collect(suite_dir: Path, target: str) -> list[str]:
         capture_output=True,
         text=True,
     )
-    return [line.strip() for line in out.stdout.splitlines() if "::" in line and not line.startswith("=")]
+    path = target.split("::")[0]  # ids come relative to pytest's rootdir: name the file as given
+    return [
+        path + "::" + line.strip().split("::", 1)[1]
+        for line in out.stdout.splitlines()
+        if "::" in line and not line.startswith("=")
+    ]
 
 
 def run_test(suite_dir: Path, test_id: str, env: dict[str, str], timeout: float) -> tuple[str, str]:
@@ -444,8 +459,10 @@ def run_test(suite_dir: Path, test_id: str, env: dict[str, str], timeout: float)
     if out.returncode == 0:
         skipped = re.search(r"\d+ skipped", text) and not re.search(r"\d+ passed", text)
         return ("SKIP", "skipped by the test itself") if skipped else ("PASS", "")
-    errors = [ln for ln in text.splitlines() if re.match(r"^E\s", ln)]
-    return "FAIL", " | ".join(e[1:].strip() for e in errors[:3])[:400]
+    errors = [ln[1:].strip() for ln in text.splitlines() if re.match(r"^E\s", ln)]
+    if not errors:
+        errors = [ln.strip() for ln in text.strip().splitlines()[-4:]]
+    return "FAIL", " | ".join(errors[:4])[:500]
 
 
 def run_stage(suite: str, stage: Stage, qa: Path, timeout: float, logs: Path) -> list[Result]:
@@ -454,8 +471,10 @@ def run_stage(suite: str, stage: Stage, qa: Path, timeout: float, logs: Path) ->
     )
     suite_dir.mkdir(parents=True, exist_ok=True)
     stage.setup(suite_dir, qa)
-    log_path = logs / f"{suite}.{stage.name}.server.log"
+    log_path = suite_dir / stage.log if stage.log else logs / f"{suite}.{stage.name}.server.log"
     env = dict(os.environ, **stage.env, SERVER_LOG=str(log_path))
+    if not stage.expect_start:  # test.sh waits for tritonserver to exit (its --exit-on-error default)
+        stage.args = [*stage.args, "--exit-on-error", "true"]
     cmd = [
         str(ROOT / ".venv" / "bin" / "flowserve"),
         "serve",
@@ -475,16 +494,14 @@ def run_stage(suite: str, stage: Stage, qa: Path, timeout: float, logs: Path) ->
     with open(log_path, "wb") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=suite_dir, env=env)
         try:
-            ready = wait_ready(server, 120)
-            if not stage.expect_start:
-                if ready:
-                    results.append(
-                        Result(suite, f"{stage.name}:refuses_to_start", "FAIL", "the server started")
-                    )
-                else:
-                    server.wait(60)
-                    results.append(Result(suite, f"{stage.name}:refuses_to_start", "PASS"))
-            elif not ready:
+            if not stage.expect_start:  # as test.sh's run_server_nowait + wait: the server exits
+                try:
+                    code = server.wait(120)
+                    outcome = ("PASS", f"exit status {code}") if code != 0 else ("FAIL", "exit status 0")
+                except subprocess.TimeoutExpired:
+                    outcome = ("FAIL", "still serving after 120 s")
+                results.append(Result(suite, f"{stage.name}:refuses_to_start", *outcome))
+            elif not wait_ready(server, 120):
                 results.append(
                     Result(suite, f"{stage.name}:start", "FAIL", f"server not ready, see {log_path}")
                 )
