@@ -2,7 +2,7 @@
 step (``analyze_pipeline/graphs/embed.yaml``), the configuration analyze picks against the
 shipped one, measured side by side by ``flowserve bench`` and perf_analyzer in one run.
 
-    python benchmarks/analyze_pipeline.py                       # ~8 min: analyze 3 min, then 3 repeats
+    python benchmarks/analyze_pipeline.py                       # ~10 min: analyze 4 min, then 3 repeats
     python benchmarks/analyze_pipeline.py --budget-minutes 5 --p99-ms 50
 
 1. The pipeline is copied to ``.work/analyze_pipeline``; ``flowserve analyze`` runs on the copy
@@ -43,7 +43,7 @@ def run_analyze(copy: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "flowserve.cli", "analyze", str(copy / "graphs" / "embed.yaml"),
         "--p99-ms", str(args.p99_ms), "--budget-minutes", str(args.budget_minutes), "--write",
-        "--html", str(page), "--max-workers", "2",
+        "--html", str(page), "--max-workers", "2", "--seconds", str(args.analyze_seconds),
     ]  # fmt: skip
     print("$ flowserve analyze ...", flush=True)
     done = subprocess.run(
@@ -74,10 +74,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--p99-ms", type=float, default=50.0)
-    parser.add_argument("--budget-minutes", type=float, default=3.0)
+    parser.add_argument("--budget-minutes", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--seconds", type=float, default=4.0, help="flowserve bench: seconds per measurement")
+    parser.add_argument("--analyze-seconds", type=float, default=3.0, help="analyze: seconds per load level")
     args = parser.parse_args()
     binary = ensure_perf_analyzer()
     started = time.time()

@@ -87,3 +87,27 @@ def test_a_model_candidate_is_a_config_override(tmp_path: Path) -> None:
     assert config["instance_group"] == [{"kind": "KIND_CPU", "count": 2}] and config["max_batch_size"] == 4
     assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "100", "preferred_batch_size": [4]}
     assert "dynamic_batching" not in model_config(target, shipped)
+
+
+def test_a_written_model_config_reads_back(tmp_path: Path) -> None:
+    from flowserve.analyze.target import config_text
+    from flowserve.spec.triton import parse_config_text
+
+    shutil.copytree(BUNDLED_REPOSITORY / "simple", tmp_path / "simple")
+    target = resolve(str(tmp_path / "simple"), [], [])
+    target.config = {
+        "name": "simple", "backend": "python", "max_batch_size": 8,
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": ["16"]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": ["16"]}],
+    }  # fmt: skip
+    chosen = Candidate(1, (("simple", NodeConfig(2, 8, (8,), 500)),))
+    config = parse_config_text(config_text(model_config(target, chosen)))
+    assert config.instance_group[0].count == 2 and list(config.dynamic_batching.preferred_batch_size) == [8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    before = (tmp_path / "simple" / "config.pbtxt").read_text()
+    out = write_chosen(target, chosen, "why")
+    assert (
+        out.name == "config.pbtxt.analyzed" and (tmp_path / "simple" / "config.pbtxt").read_text() == before
+    )
+    assert parse_config_text(out.read_text()).instance_group[0].count == 2
