@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, start_server
+from flowserve.spec.triton import parse_config_text
+from tests.conftest import ROOT, ServerProcess, start_server
 
 CONNECTIONS = 16
 
@@ -318,6 +320,26 @@ def test_one_grpc_stream_uses_every_worker(cluster: ServerProcess) -> None:
 
 
 def test_interleaved_sequences_over_many_connections_keep_their_sums(cluster: ServerProcess) -> None:
+    """Eight sequences stepped in turn, every step through another connection (so either
+    worker): each keeps its own running sum. The model's idle limit (200 ms, for the idle tests
+    elsewhere) is raised to 30 s here: seven other calls run between two steps of a sequence,
+    and on a busy machine they can take longer than 200 ms."""
+    config = (ROOT / "tests" / "models" / "sequence_accumulate" / "config.pbtxt").read_text()
+    patient = config.replace("max_sequence_idle_microseconds: 200000", "max_sequence_idle_microseconds: 30000000")
+    assert patient != config
+    loader = grpcclient.InferenceServerClient(cluster.grpc_url)
+    loader.load_model("sequence_accumulate", config=json.dumps(_config_json(patient)))
+    try:
+        _interleaved_sequences(cluster)
+    finally:
+        loader.load_model("sequence_accumulate")  # its own config.pbtxt again
+
+
+def _config_json(text: str) -> dict[str, Any]:
+    return json_format.MessageToDict(parse_config_text(text), preserving_proto_field_name=True)
+
+
+def _interleaved_sequences(cluster: ServerProcess) -> None:
     clients = _grpc_clients(cluster, 8)
     sequences = {1000 + s: list(range(1, 6 + s)) for s in range(8)}
     sums = dict.fromkeys(sequences, 0)

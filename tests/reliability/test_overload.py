@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.pacing import busy, patient
+
 pytestmark = pytest.mark.slow
 
 BOUND = 4
@@ -90,11 +92,13 @@ def check(tally: Tally, protocol: str) -> None:
     )
     assert not tally.other, tally.other[:5]
     capacity = tally.elapsed / SERVICE_S  # what one instance can serve in that time
-    assert 0.5 * capacity < len(tally.ok) <= capacity + BOUND + 2, len(tally.ok)
+    # on a busy machine the server (and these 32 clients) get less of the cores: the share of
+    # capacity served and the time a refusal takes are stretched by the load (tests/pacing.py)
+    assert 0.5 * capacity / busy() < len(tally.ok) <= capacity + BOUND + 2, len(tally.ok)
     assert len(tally.refused) > 2 * len(tally.ok)  # far above capacity: most are refused
     # refusals are fast; admitted requests wait at most for the bounded queue ahead of them
-    assert p(tally.refused, 99) < 0.25, p(tally.refused, 99)
-    assert max(tally.ok) < (BOUND + 1) * SERVICE_S + 1.0, max(tally.ok)
+    assert p(tally.refused, 99) < patient(0.25), p(tally.refused, 99)
+    assert max(tally.ok) < (BOUND + 1) * SERVICE_S + patient(1.0), max(tally.ok)
 
 
 def test_http_overload_refuses_fast_and_recovers(module_server: Any) -> None:
