@@ -201,17 +201,55 @@ class PythonModelBackend(BackendNode):
             nonlocal started
             started = clock.now_ns()
 
+        if self._in_reshape:
+            inputs = self._reshape(inputs, self._in_reshape)
+        request = self._request(inputs, ctx)
+        reply = Reply()
+        request._reply_to = reply.deliver
         try:
-            result = (await self.run_batch([inputs], acquired, (ctx,)))[0]
+            answer = await self.pool.run(self._execute_one, (request, reply), acquired)
+            while answer is RESCHEDULE:  # back in the queue, behind the requests waiting
+                answer = await self.pool.run(self._execute_one, (request, reply))
+            if isinstance(answer, concurrent.futures.Future):
+                answer = await self._later(request, answer)
         except asyncio.CancelledError:
             ctx.cancelled = True
             raise
         rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
         self.stats.queue.add(started - queued)
         self.stats.record_execution(rows, 0, clock.now_ns() - started, 0)
+        result = self._answer(answer)
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _execute_one(self, instance: PythonInstance, one: tuple[pb_utils.InferenceRequest, Reply]) -> Answer:
+        """One request's ``execute`` (no batcher): the common case (one response returned, no
+        sender asked for, not rescheduled) without :func:`settle`'s bookkeeping."""
+        request, reply = one
+        request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+        try:
+            returned = _call_execute(instance, [request])
+        except FlowserveError as exc:
+            return settle([request], [reply], None, exc)[0]
+        if (
+            type(returned) is list
+            and len(returned) == 1
+            and request._sender is None
+            and returned[0] is not None
+            and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+        ):
+            return returned[0]
+        return settle([request], [reply], returned, None)[0]
+
+    async def _later(self, request: pb_utils.InferenceRequest, answer: concurrent.futures.Future[Any]) -> Any:
+        """The response a model sends after ``execute`` returned (the instance already free)."""
+        try:
+            return await asyncio.wrap_future(answer)
+        except asyncio.CancelledError:
+            if request._sender is not None:
+                request._sender.cancelled.set()
+            raise
 
     async def run_batch(  # type: ignore[override]
         self,
@@ -245,12 +283,7 @@ class PythonModelBackend(BackendNode):
         results: list[TensorMap | Exception] = []
         for request, answer in zip(requests, answers, strict=True):
             if isinstance(answer, concurrent.futures.Future):
-                try:
-                    answer = await asyncio.wrap_future(answer)
-                except asyncio.CancelledError:
-                    if request._sender is not None:
-                        request._sender.cancelled.set()
-                    raise
+                answer = await self._later(request, answer)
             results.append(self._answer(answer))
         return results
 
