@@ -42,8 +42,8 @@ as ``<mirror>/graphs/`` and ``<mirror>/nodes/``, the layout of a local checkout,
 ``python: nodes.x:Class`` import the mirrored code (the repository puts the folder holding a
 graph folder on ``sys.path``). Each graph file is a unit; the whole ``nodes/`` tree is one
 (stable mode: two equal listings of all of it; marker mode: taken as listed, as a model's own
-files are). A node module is imported once per process: changed node code is served after a
-restart (a rolling restart of the pods), changed graphs at the next poll.
+files are). In poll mode changed node code is served at the next poll, like a changed graph (the
+repository reloads the graphs whose nodes run it: nodes/code.py); otherwise after a restart.
 
 fsspec and the filesystem packages are imported only when a remote repository is used
 (``pip install 'flowserve[remote]'``: fsspec and s3fs; gcsfs or adlfs for GCS and Azure).
