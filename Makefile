@@ -9,7 +9,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-.PHONY: install install-test system-packages test-emulators serve test lint docs
+.PHONY: install install-test system-packages test-emulators serve test test-tools test-image lint docs
 # flowserve with the CPU frameworks the bundled models need (ONNX Runtime, torch, treelite and
 # xgboost, DALI) and tritonclient's HTTP client for the README's snippet
 install: $(BIN)/python
@@ -45,7 +45,18 @@ lint:
 docs:
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: install-test lint docs
+# the tests run on TEST_JOBS processes (pytest-xdist; a file's tests stay together, so a module's
+# server is started once); the image install replay is `make test-image` (minutes of pip)
+TEST_JOBS ?= 3
+
+test: install-test lint docs test-tools
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not image"
+
+test-tools:
 	$(BIN)/python benchmarks/perf_analyzer_setup.py || echo "perf_analyzer unavailable: its tests will skip"
 	$(BIN)/python benchmarks/triton_setup.py || echo "Triton 2.51 unavailable: tests/nodes/test_remote_triton.py will skip"
-	$(BIN)/python -m pytest -q
+
+# the CPU image's install step (docker/install.sh) into a fresh venv, which must then serve every
+# bundled model (tests/deploy/test_image_install.py); CI runs it after make test
+test-image: install-test
+	$(BIN)/python -m pytest -q -m image tests/deploy

@@ -31,7 +31,7 @@ from tests.deploy.dockerfile import Image, replay
 from tests.deploy.kustomize import DEPLOY, ROOT, build
 from tests.deploy.test_manifests import container
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.image]  # make test-image (not in make test: minutes)
 
 EXAMPLE = DEPLOY / "examples" / "own-image"
 LISTENERS = ("--host", "--http-port", "--grpc-port", "--metrics-port")
