@@ -23,7 +23,7 @@ class Embed:
     outputs = {"y": {"datatype": "FP32", "dims": [-1, 64]}}
 
     def initialize(self, config: dict[str, Any]) -> None:
-        layers = int(config["parameters"].get("layers", 96))
+        layers = int(config["parameters"].get("layers", 192))
         rng = np.random.default_rng(0)
         self.weights = [(rng.standard_normal((64, 64)) / 8).astype(np.float32) for _ in range(layers)]
 
