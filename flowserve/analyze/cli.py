@@ -53,7 +53,9 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.Argu
         help="most server --workers tried (default: the cores here)",
     )  # fmt: skip
     load = parser.add_argument_group("load (flowserve bench)")
-    load.add_argument("-i", "--protocol", choices=["grpc", "http"], default="grpc")
+    load.add_argument(
+        "-i", "--protocol", choices=["grpc", "http"], default="grpc", help="how bench calls the server"
+    )
     load.add_argument(
         "-c", "--concurrency", type=_ints, default=[1, 2, 4, 8, 16, 32], metavar="N,N...",
         help="the ladder each configuration climbs until p99 passes the target or throughput stops rising",
