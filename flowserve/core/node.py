@@ -35,6 +35,9 @@ class Span:
     error: str | None = None
     skipped: bool = False
     batch_size: int = 0
+    # what the node tells about its step, e.g. a generation node's token counts and time to first
+    # token (vLLM's span attribute names: gen_ai.usage.completion_tokens, ...); None: nothing
+    attributes: dict[str, int | float | str] | None = None
 
 
 @dataclass(slots=True)

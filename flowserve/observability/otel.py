@@ -131,7 +131,7 @@ def record_trace(tracer: otel_trace.Tracer, trace: Trace, wall_offset_ns: int) -
         # the addressed graph's node (or a tie in time): under the model's span
         outer = model if holder is None or holder in visiting else make(holder, visiting | {i})
         node = trace.spans[i]
-        attributes: dict[str, str | int | bool] = {
+        attributes: dict[str, str | int | float | bool] = {
             "model_name": node.graph,
             "request_id": trace.request_id,
             "flowserve.graph": node.graph,
@@ -141,6 +141,8 @@ def record_trace(tracer: otel_trace.Tracer, trace: Trace, wall_offset_ns: int) -
             attributes["flowserve.batch_size"] = node.batch_size
         if node.skipped:
             attributes["flowserve.skipped"] = True
+        if node.attributes:
+            attributes.update(node.attributes)
         start = node.start_ns + wall_offset_ns
         made[i] = tracer.start_span(
             node.node, otel_trace.set_span_in_context(outer), internal, attributes, start_time=start

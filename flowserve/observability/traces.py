@@ -43,7 +43,7 @@ def trace_bounds(spans: list[Span]) -> tuple[int, int]:
 
 def span_dict(span: Span, t0: int, top: str) -> dict[str, Any]:
     end = max(span.end_ns, span.start_ns)
-    return {
+    out = {
         "graph": span.graph,
         "node": span.node,
         "nested": span.graph != top,
@@ -55,6 +55,9 @@ def span_dict(span: Span, t0: int, top: str) -> dict[str, Any]:
         "batch_size": span.batch_size,
         "status": "skipped" if span.skipped else ("error" if span.error else "ok"),
     }
+    if span.attributes:
+        out["attributes"] = dict(span.attributes)
+    return out
 
 
 def trace_summary(trace: Trace) -> dict[str, Any]:
@@ -107,6 +110,8 @@ def triton_trace(trace: Trace, number: int) -> list[dict[str, Any]]:
             child["error"] = span.error
         if span.batch_size:
             child["batch_size"] = span.batch_size
+        if span.attributes:
+            child["attributes"] = dict(span.attributes)
         child["timestamps"] = [
             {"name": "COMPUTE_START", "ns": span.start_ns},
             {"name": "COMPUTE_END", "ns": max(span.end_ns, span.start_ns)},
