@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 HELP = "tune a graph or model against a p99 target: per-node instances, batching and --workers"
 
@@ -82,6 +84,10 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.Argu
     return parser
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _defaults(given: list[str], folder: str) -> list[Path]:
     if given:
         return [Path(p) for p in given]
@@ -113,9 +119,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             write=args.write,
             work=args.work,
         )
-        return analyze(
-            options, (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
-        )
+        log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # the server it started is stopped too
+        try:
+            return analyze(options, log)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     except (TargetError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
