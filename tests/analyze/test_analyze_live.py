@@ -47,3 +47,31 @@ def test_analyze_a_graph_end_to_end(tmp_path: Path) -> None:
     assert (graphs / "fanout.yaml").read_text() == original  # the user's file is left alone
     assert (graphs / "fanout.yaml.analyzed").read_text().startswith("# flowserve analyze: trial #")
     assert sorted(p.name for p in graphs.iterdir()) == ["fanout.yaml", "fanout.yaml.analyzed"]
+
+
+def test_a_candidate_is_applied_without_a_restart(tmp_path: Path) -> None:
+    """The server the analysis starts reloads the graph in place (same process) with the
+    candidate's settings, which the served graph's view then shows; the user's file is only read."""
+    import urllib.request
+
+    from flowserve.analyze.server import AnalysisServer
+    from flowserve.analyze.space import NodeConfig
+    from flowserve.analyze.target import resolve, space_of
+
+    target = resolve("fanout", [BUNDLED_REPOSITORY], [BUNDLED_GRAPHS])
+    _, shipped = space_of(target, {"simple": {"max_batch_size": 8}}, 4, 2)
+    server = AnalysisServer(target, tmp_path / "work")
+    try:
+        server.start(shipped)
+        assert server.process is not None
+        pid = server.process.pid
+        server.apply(shipped.with_node("join", NodeConfig(2, 8, (), 100)))
+        with urllib.request.urlopen(f"http://{server.url('http')}/ui/api/graphs/fanout") as reply:
+            view = json.loads(reply.read())
+        join = next(v for v in view["vertices"] if v["name"] == "join")
+        assert "batching: max 8, delay 100\u00b5s" in join["lines"] and "instances: 2 x AUTO" in join["lines"]
+        assert server.process.pid == pid
+        assert {n["name"] for n in server.stats()} == {"addsub", "double_sum", "triple_diff", "join"}
+    finally:
+        server.stop()
+    assert server.process is None
