@@ -26,8 +26,11 @@ class StepNode(Node):
         self.registry = registry
         self.target = target
         self.version = version
-        # a step on a decoupled model streams its responses on to the nodes behind it
+        # a step on a decoupled model streams its responses on to the nodes behind it; such a
+        # model may leave outputs out of a response (Triton's vLLM backend: its return_* outputs
+        # unless asked for): the nodes behind that wait on them are skipped
         self.decoupled = registry.has(target) and registry.get(target, version).decoupled
+        self.partial_outputs = self.decoupled
 
     # tensors pass through a step as they are (a torch tensor, an OrtValue, on a GPU or not):
     # the target's own nodes take them or have them converted (flowserve/core/device.py)
