@@ -63,6 +63,10 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.Argu
         help="the ladder each configuration climbs until p99 passes the target or throughput stops rising",
     )  # fmt: skip
     load.add_argument("--seconds", type=float, default=2.0, metavar="S", help="measured seconds per level")
+    load.add_argument(
+        "--repeats", type=int, default=1, metavar="N",
+        help="windows per level, their medians kept (steadier numbers on a busy machine, N times the time)",
+    )  # fmt: skip
     load.add_argument("-p", "--processes", type=int, default=1, metavar="N", help="client processes")
     load.add_argument(
         "--shape", action="append", default=[], metavar="NAME:D1,D2", help="as flowserve bench's"
@@ -115,6 +119,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             processes=max(1, args.processes),
             shapes=tuple(parse_shapes(args.shape).items()),
+            repeats=max(1, args.repeats),
             html=args.html,
             write=args.write,
             work=args.work,

@@ -4,6 +4,7 @@ throughput stops rising), with the server's per-node statistics read around each
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ class LoadPlan:
     warmup_s: float = 0.5
     processes: int = 1
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    repeats: int = 1  # windows per level; the level reads their medians (steadier on a busy machine)
 
 
 def node_stats(
@@ -82,15 +84,16 @@ def measurer(
             )
             before = server.stats()
             try:
-                result = bench(options)[0]
+                results = [bench(options)[0] for _ in range(max(1, plan.repeats))]
             except (RequestFailed, InputError) as exc:
                 raise MeasureError(str(exc)) from None
+            result = results[0]
             point = Point(
                 concurrency,
-                result.throughput,
-                result.p50_ms,
-                result.p99_ms,
-                result.errors + (0 if result.requests else 1),
+                statistics.median(r.throughput for r in results),
+                statistics.median(r.p50_ms for r in results),
+                statistics.median(r.p99_ms for r in results),
+                sum(r.errors + (0 if r.requests else 1) for r in results),
                 node_stats(before, server.stats(), rename),
             )
             points.append(point)

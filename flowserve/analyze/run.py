@@ -35,6 +35,7 @@ class AnalyzeOptions:
     seconds: float = 2.0
     processes: int = 1
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    repeats: int = 1
     html: Path | None = None
     write: bool = False
     work: Path | None = None
@@ -48,7 +49,13 @@ def search(options: AnalyzeOptions, log: Callable[[str], None]) -> tuple[Report,
     server = AnalysisServer(target, work)
     goal = Goal(options.p99_ms, options.min_throughput)
     plan = LoadPlan(
-        options.protocol, options.concurrency, options.seconds, 0.5, options.processes, options.shapes
+        options.protocol,
+        options.concurrency,
+        options.seconds,
+        0.5,
+        options.processes,
+        options.shapes,
+        options.repeats,
     )
     budget = Budget(options.budget_s, time.monotonic)
     try:
