@@ -22,15 +22,18 @@ from tests.llm.tinymodel import write_llm_model
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm"
 
 
-def request(text: str, stream: bool = True, **params: object) -> InferRequest:
+RETURNS = ("finish_reason", "num_input_tokens", "num_output_tokens")
+
+
+def request(
+    text: str, stream: bool = True, returns: tuple[str, ...] = RETURNS, **params: object
+) -> InferRequest:
     inputs = {
         "text_input": np.array([text.encode()], dtype=object),
         "stream": np.array([stream]),
         "sampling_parameters": np.array([json.dumps(params).encode()], dtype=object),
-        "return_finish_reason": np.array([True]),
-        "return_num_input_tokens": np.array([True]),
-        "return_num_output_tokens": np.array([True]),
     }
+    inputs.update({f"return_{name}": np.array([True]) for name in returns})
     if not stream:
         inputs["exclude_input_in_output"] = np.array([True])
     return InferRequest("tiny", inputs)
@@ -226,3 +229,50 @@ async def test_guarded_chat_graph_routes_and_edits_the_stream(tiny_model: Path, 
 
 def text(value: str) -> dict[str, np.ndarray]:
     return {"text_input": np.array([value.encode()], dtype=object)}
+
+
+async def test_return_outputs_only_when_asked(engine: flowserve.Engine) -> None:
+    """As Triton's vLLM backend: text_output always, each other output only when its return_*
+    input is true; finish_reason "None" until the last response."""
+    plain = await collect(
+        engine, request("hello world", returns=(), temperature=0, max_tokens=6, ignore_eos=True)
+    )
+    assert len(plain) > 1 and all(set(r.outputs) == {"text_output"} for r in plain)
+    asked = await collect(
+        engine,
+        request("hello world", returns=("finish_reason",), temperature=0, max_tokens=6, ignore_eos=True),
+    )
+    assert all(set(r.outputs) == {"text_output", "finish_reason"} for r in asked)
+    reasons = [r.outputs["finish_reason"][0] for r in asked]
+    assert reasons[-1] == b"length" and set(reasons[:-1]) <= {b"None"}
+    assert "".join(texts(asked)) == "".join(texts(plain))
+    # sampled: the log-probability of the tokens so far, falling as tokens come
+    sampled = await collect(
+        engine,
+        request(
+            "hello world", returns=("cumulative_logprob", "num_output_tokens"), max_tokens=8, ignore_eos=True
+        ),
+    )
+    values = [float(r.outputs["cumulative_logprob"][0]) for r in sampled]
+    assert all(r.outputs["cumulative_logprob"].dtype == np.float32 for r in sampled)
+    assert values[-1] < 0 and values == sorted(values, reverse=True)
+    assert sum(int(r.outputs["num_output_tokens"][0]) for r in sampled) == 8
+
+
+async def test_a_traced_generation_has_token_counts_and_ttft(engine: flowserve.Engine) -> None:
+    from flowserve.core.node import Span
+
+    spans: list[Span] = []
+    req = request("hello world", temperature=0, max_tokens=5, ignore_eos=True)
+    responses = [r async for r in engine.stream_request(req, trace=spans)]
+    assert len(responses) > 1
+    (generation,) = [s for s in spans if s.node == "tiny"]
+    (first,) = [s for s in spans if s.node == "first_token"]
+    attributes = generation.attributes or {}
+    assert attributes["gen_ai.usage.completion_tokens"] == 5
+    assert attributes["gen_ai.usage.prompt_tokens"] == len(engine_tokens(engine, "hello world"))
+    assert attributes["gen_ai.response.finish_reasons"] == "length"
+    ttft = float(attributes["gen_ai.latency.time_to_first_token"])
+    assert first.start_ns == generation.start_ns and first.end_ns <= generation.end_ns
+    assert ttft == (first.end_ns - first.start_ns) / 1e9 > 0
+    assert generation.error is None

@@ -55,12 +55,15 @@ def build_tiny_model(path: Path, layers: int = 2, hidden: int = 64, vocab: int =
 
 
 def write_llm_model(repo: Path, name: str, model_dir: Path, backend: str = "vllm", **engine: object) -> Path:
-    """Triton's vLLM layout: <repo>/<name>/config.pbtxt and 1/model.json (transformers engine)."""
+    """Triton's vLLM layout: <repo>/<name>/config.pbtxt and 1/model.json (the transformers engine
+    unless ``engine`` says otherwise)."""
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(
         f'backend: "{backend}"\ninstance_group [{{ count: 1 kind: KIND_MODEL }}]\n'
     )
-    doc = {"engine": "transformers", "model": str(model_dir), "page_size": 16, "num_blocks": 64, **engine}
+    doc: dict[str, object] = {"engine": "transformers", "model": str(model_dir), **engine}
+    if doc["engine"] == "transformers":  # a small KV cache (vLLM sizes its own)
+        doc = {"page_size": 16, "num_blocks": 64, **doc}
     (folder / "1" / "model.json").write_text(json.dumps(doc))
     return folder

@@ -128,7 +128,8 @@ def piece(response: InferResponse) -> Piece:
     tokens = out.get("num_output_tokens")
     return Piece(
         text=text if isinstance(text, str) else "",
-        finish_reason=reason or None if isinstance(reason, str) else None,
+        # Triton's vLLM backend says "None" until the last response
+        finish_reason=reason if isinstance(reason, str) and reason not in ("", "None") else None,
         prompt_tokens=int(np.asarray(prompt).reshape(-1)[0]) if prompt is not None else None,
         output_tokens=int(np.asarray(tokens).reshape(-1).sum()) if tokens is not None else 0,
     )

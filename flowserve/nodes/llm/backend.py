@@ -6,19 +6,24 @@ is installed and a GPU is present, else transformers).
 Inputs and outputs are those of Triton's vLLM backend (filled in by :func:`llm_autocomplete`
 when config.pbtxt leaves them out, as Triton does), plus an optional ``messages`` input: a JSON
 list of chat messages that the tokenizer's chat template turns into the prompt (``text_input``
-is then ignored). One request is one sequence; every response carries all four outputs (the ``return_*``
-inputs are accepted; ``finish_reason`` is empty but on the last response, the token counts are
-the prompt's and those since the previous response). With ``stream`` true each response
+is then ignored). One request is one sequence. As in Triton's vLLM backend, a response carries
+``text_output`` and, only when the request's ``return_*`` input is true, ``finish_reason``
+("None" but on the last response), ``cumulative_logprob`` (of the tokens so far),
+``num_input_tokens`` (the prompt's) and ``num_output_tokens`` (since the previous response); a
+graph wired to the others sees them absent (the node has partial outputs). With ``stream`` true each response
 carries the text decoded since the last one, else one response carries it all (with the prompt in front
 unless ``exclude_input_in_output``). The model is decoupled: every response travels on through
 the graph on its own. A client that goes away closes the node's stream, which cancels the
-sequence in the engine and frees its KV blocks.
+sequence in the engine and frees its KV blocks. A traced request gets a span for the
+generation with its token counts and time to first token (vLLM's span attribute names), and a
+``first_token`` span from its start to its first token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -30,7 +35,7 @@ import numpy as np
 
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import InvalidArgument, ResourceExhausted, Unsupported
-from flowserve.core.node import Context, TensorMap
+from flowserve.core.node import Context, Span, TensorMap
 from flowserve.nodes.backends.base import BackendNode
 from flowserve.nodes.llm.engine import Engine, Sampling
 from flowserve.nodes.llm.metrics import LlmMetrics
@@ -56,6 +61,7 @@ INPUTS = (
     TensorSpec("sampling_parameters", "BYTES", (1,), optional=True),
     TensorSpec("exclude_input_in_output", "BOOL", (1,), optional=True),
     TensorSpec("return_finish_reason", "BOOL", (1,), optional=True),
+    TensorSpec("return_cumulative_logprob", "BOOL", (1,), optional=True),
     TensorSpec("return_num_input_tokens", "BOOL", (1,), optional=True),
     TensorSpec("return_num_output_tokens", "BOOL", (1,), optional=True),
     TensorSpec("messages", "BYTES", (1,), optional=True),
@@ -63,11 +69,19 @@ INPUTS = (
 OUTPUTS = (
     TensorSpec("text_output", "BYTES", (-1,)),
     TensorSpec("finish_reason", "BYTES", (-1,)),
+    TensorSpec("cumulative_logprob", "FP32", (-1,)),
     TensorSpec("num_input_tokens", "UINT32", (1,)),
     TensorSpec("num_output_tokens", "UINT32", (-1,)),
 )
+# the outputs a request asks for with its return_* inputs
+RETURNS = ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")
 # how often the running/waiting/KV-cache gauges are read from the engine
 LOAD_PERIOD_S = 0.5
+# a traced generation's span attributes (the names of vLLM's request spans)
+PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+TTFT = "gen_ai.latency.time_to_first_token"
+FINISH = "gen_ai.response.finish_reasons"
 
 
 def llm_autocomplete(config: ModelConfig, model_dir: Path, version_dirs: list[Path]) -> Completion:
@@ -98,6 +112,7 @@ def make_engine(model: str, config: EngineConfig) -> Engine:
 
 class LlmBackend(BackendNode):
     decoupled = True
+    partial_outputs = True  # the return_* outputs only when asked for
     merges_rows = False
 
     def __init__(
@@ -172,8 +187,10 @@ class LlmBackend(BackendNode):
         text = TextStream(lambda ids: decode(ids, skip_special_tokens=True), request.sampling.stop)
         clock = self.clock
         start = last = clock.now_ns()
+        first = 0
         generated = 0
         unsent = 0  # tokens since the last response (a response may wait for text to settle)
+        logprob = 0.0
         reason = "abort"
         pieces: list[str] = [prompt_text] if request.prepend else []
         tokens = engine.generate(request_id, prompt, request.sampling)
@@ -185,6 +202,9 @@ class LlmBackend(BackendNode):
                     for i in range(len(chunk.ids)):
                         metrics.token(step if generated + i else (now - start) / 1e9, generated + i == 0)
                     last = now
+                    first = first or now
+                if chunk.logprobs:
+                    logprob += float(sum(chunk.logprobs))
                 generated += len(chunk.ids)
                 unsent += len(chunk.ids)
                 delta = text.push(chunk.ids)
@@ -195,18 +215,38 @@ class LlmBackend(BackendNode):
                     reason = "stop" if text.stopped else (chunk.reason or "stop")
                 if request.stream:
                     if delta or done:
-                        yield request.response(delta, reason if done else None, len(prompt), unsent)
+                        yield request.response(delta, reason if done else None, len(prompt), unsent, logprob)
                         unsent = 0
                 else:
                     pieces.append(delta)
                 if done:
                     break
             if not request.stream:
-                yield request.response("".join(pieces), reason, len(prompt), generated)
+                yield request.response("".join(pieces), reason, len(prompt), generated, logprob)
         finally:
             self.active -= 1
             await tokens.aclose()  # cancels the sequence unless it finished
-            metrics.finished(reason, len(prompt), generated, (clock.now_ns() - start) / 1e9)
+            end = clock.now_ns()
+            metrics.finished(reason, len(prompt), generated, (end - start) / 1e9)
+            if ctx.trace is not None:
+                ctx.trace.extend(self._spans(start, first, end, len(prompt), generated, reason))
+
+    def _spans(
+        self, start: int, first: int, end: int, prompt: int, generated: int, reason: str
+    ) -> list[Span]:
+        """A traced request's spans: the generation with its token counts, and its time to first
+        token."""
+        attributes: dict[str, int | float | str] = {
+            PROMPT_TOKENS: prompt,
+            COMPLETION_TOKENS: generated,
+            FINISH: reason,
+        }
+        spans = [Span(self.name, self.name, start, end, "cancelled" if reason == "abort" else None)]
+        if first:
+            attributes[TTFT] = (first - start) / 1e9
+            spans.append(Span(self.name, "first_token", start, first))
+        spans[0].attributes = attributes
+        return spans
 
     def _prompt(self, engine: Engine, request: GenerationRequest) -> tuple[str, list[int]]:
         tokenizer = engine.tokenizer
@@ -225,7 +265,8 @@ class LlmBackend(BackendNode):
 
 
 class GenerationRequest:
-    """One request's inputs, read and checked."""
+    """One request's inputs, read and checked; ``returns``: the outputs it asked for beside
+    ``text_output`` (its true ``return_*`` inputs)."""
 
     def __init__(
         self,
@@ -234,22 +275,32 @@ class GenerationRequest:
         stream: bool,
         prepend: bool,
         sampling: Sampling,
+        returns: frozenset[str] = frozenset(),
     ) -> None:
         self.text = text
         self.messages = messages
         self.stream = stream
         self.prepend = prepend
         self.sampling = sampling
+        self.returns = returns
 
-    def response(self, text: str, reason: str | None, prompt_tokens: int, output_tokens: int) -> TensorMap:
-        """One response's tensors: every output the model declares (a graph step on the model
-        expects them all); ``finish_reason`` is empty but on the last response."""
-        return {
-            "text_output": np.array([text.encode()], dtype=object),
-            "finish_reason": np.array([(reason or "").encode()], dtype=object),
-            "num_input_tokens": np.array([prompt_tokens], dtype=np.uint32),
-            "num_output_tokens": np.array([output_tokens], dtype=np.uint32),
-        }
+    def response(
+        self, text: str, reason: str | None, prompt_tokens: int, output_tokens: int, logprob: float = 0.0
+    ) -> TensorMap:
+        """One response's tensors: ``text_output`` and the outputs asked for, with the values
+        Triton's vLLM backend gives (``finish_reason`` "None" until the last response)."""
+        out = {"text_output": np.array([text.encode()], dtype=object)}
+        returns = self.returns
+        if returns:
+            if "finish_reason" in returns:
+                out["finish_reason"] = np.array([str(reason).encode()], dtype=object)
+            if "cumulative_logprob" in returns:
+                out["cumulative_logprob"] = np.array([logprob], dtype=np.float32)
+            if "num_input_tokens" in returns:
+                out["num_input_tokens"] = np.array([prompt_tokens], dtype=np.uint32)
+            if "num_output_tokens" in returns:
+                out["num_output_tokens"] = np.array([output_tokens], dtype=np.uint32)
+        return out
 
 
 def _scalar(inputs: TensorMap, name: str) -> Any:
@@ -315,4 +366,7 @@ def parse_request(
         sampling = sampling_from(model, doc, default_max_tokens, strict=True, where=where)
     else:
         sampling = sampling_from(model, params, default_max_tokens, strict=False, where="parameter")
-    return GenerationRequest(text, messages, stream, prepend, sampling)
+    returns = frozenset(name for name in RETURNS if _flag(inputs, f"return_{name}", False))
+    if "cumulative_logprob" in returns:
+        sampling = dataclasses.replace(sampling, logprobs=True)
+    return GenerationRequest(text, messages, stream, prepend, sampling, returns)

@@ -17,7 +17,10 @@ from typing import Any, Protocol
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """What one request asks of the sampler. ``temperature`` 0 is greedy; ``top_k`` 0 is off;
-    ``seed`` is per request where the engine allows it (vLLM), ignored where it does not."""
+    ``seed`` is per request where the engine allows it (vLLM; the transformers engine has one
+    random generator for its whole running batch, seeded by model.json 'seed': a request's seed
+    is ignored there, best effort as in OpenAI's API); ``logprobs``: return each token's
+    log-probability."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -26,16 +29,19 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
     """New tokens of one sequence; ``finished`` with ``reason`` ("stop": end of sequence,
-    "length": max_tokens) on the last."""
+    "length": max_tokens) on the last; ``logprobs``: each new token's log-probability, when the
+    request asked for them (:attr:`Sampling.logprobs`) and the engine has them."""
 
     ids: Sequence[int]
     finished: bool = False
     reason: str | None = None
+    logprobs: Sequence[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

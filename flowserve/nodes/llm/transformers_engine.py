@@ -5,8 +5,10 @@ The manager runs its own generation thread; requests join and leave its running 
 every step. Each request's outputs come back through a result handler that the manager calls on
 the event loop (``call_soon_threadsafe``), so nothing here blocks the loop or polls. Sampling
 parameters are per request (``per_request_processors``): temperature, top-p and top-k; a
-temperature of 0 is greedy (top-k 1). The seed is the engine's (``seed`` in model.json): this
-engine has no per-request seed.
+temperature of 0 is greedy (top-k 1). The seed is the engine's (``seed`` in model.json): the
+running batch shares one random generator, so this engine has no per-request seed. Token
+log-probabilities are those of the distribution the token was drawn from (after the request's
+temperature, top-k and top-p: 0 for a greedy token).
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from flowserve.nodes.llm.params import EngineConfig
 log = logging.getLogger("flowserve.llm")
 
 # CPU defaults (a GPU's are inferred by transformers from its free memory): tokens the KV cache
-# holds across all sequences, its page size, and tokens per forward pass
+# holds across all sequences, its page size, tokens per forward pass, and sequences per step.
+# The last matters most: transformers sizes its static batch tensors by it (1024 when unset) and
+# computes the logits of every row at every step, so on the CPU an unset value makes each step
+# of SmolLM2-135M about 4 s instead of about 60 ms (benchmarks/llm.py).
 CPU_CACHE_TOKENS = 8192
 CPU_PAGE_SIZE = 32
 CPU_MAX_BATCH_TOKENS = 512
+CPU_MAX_REQUESTS = 32
 
 
 class TransformersEngine:
@@ -74,13 +80,19 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.eos = _eos_ids(model, tokenizer)
-        cb_args: dict[str, Any] = {"per_request_processors": True, "seed": args.get("seed")}
+        # log-probabilities cost a gather and a log per step (the softmax is there for sampling)
+        cb_args: dict[str, Any] = {
+            "per_request_processors": True,
+            "seed": args.get("seed"),
+            "return_logprobs": True,
+        }
         if device == "cpu":
             page = int(args.get("page_size", CPU_PAGE_SIZE))
             cb_args.update(
                 page_size=page,
                 num_blocks=int(args.get("num_blocks", max(CPU_CACHE_TOKENS // page, 4))),
                 max_batch_tokens=int(args.get("max_batch_tokens", CPU_MAX_BATCH_TOKENS)),
+                max_requests_per_batch=int(args.get("max_requests_per_batch", CPU_MAX_REQUESTS)),
                 use_cuda_graph=False,
             )
         for key in ("page_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch"):
@@ -151,20 +163,22 @@ class TransformersEngine:
             if added is None:
                 raise Unavailable(f"model '{self.model_name}': the engine is not accepting requests")
             sent = 0
+            logprobs = sampling.logprobs
             while not finished:
                 out = await outputs.get()
                 if out.error is not None:
                     finished = True
                     raise InternalError(f"model '{self.model_name}': generation failed: {out.error}")
                 ids = out.generated_tokens
-                new, sent = ids[sent:], len(ids)
+                new, first, sent = ids[sent:], sent, len(ids)
                 finished = out.is_finished()
                 reason = None
                 if finished:
                     reason = "length" if len(ids) >= sampling.max_tokens else "stop"
                     if reason == "stop" and ids and ids[-1] in self.eos:
                         new = new[:-1]  # the end-of-sequence token is no output
-                yield Tokens(new, finished, reason)
+                probs = out.logprobs[first : first + len(new)] if logprobs else None
+                yield Tokens(new, finished, reason, probs)
         finally:
             if not finished:  # cancelled: its sequence and KV blocks go at the next step
                 manager.cancel_request(request_id)

@@ -17,7 +17,7 @@ import importlib.util
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from flowserve.core.errors import InvalidArgument, Unavailable
+from flowserve.core.errors import InvalidArgument, Unavailable, Unsupported
 from flowserve.nodes.backends._support import require
 from flowserve.nodes.llm.engine import EngineLoad, Sampling, Tokenizer, Tokens
 from flowserve.nodes.llm.params import OWN_KEYS, EngineConfig
@@ -38,6 +38,12 @@ class VllmEngine:
         self._load = EngineLoad()
 
     async def start(self) -> None:
+        if not vllm_installed():
+            raise Unsupported(
+                f"model '{self.model_name}': model.json selects the vLLM engine, but vLLM is not installed "
+                "here (pip install vllm, on a GPU machine); 'engine': 'transformers' runs anywhere, "
+                "'auto' picks vLLM only where it is installed and a GPU is present"
+            )
         vllm = require("vllm", self.model_name, "vllm", "llm")
         engine_args_class = importlib.import_module("vllm.engine.arg_utils").AsyncEngineArgs
         try:
@@ -97,6 +103,7 @@ class VllmEngine:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             seed=sampling.seed,
             ignore_eos=sampling.ignore_eos,
+            logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
             detokenize=False,
             output_kind=delta,
         )
@@ -108,7 +115,11 @@ class VllmEngine:
                 completion = out.outputs[0]
                 finished = bool(out.finished)
                 reason = completion.finish_reason if finished else None
-                yield Tokens(list(completion.token_ids), finished, "length" if reason == "length" else reason)
+                ids = list(completion.token_ids)
+                probs = None
+                if sampling.logprobs and completion.logprobs is not None:
+                    probs = [float(lp[t].logprob) for t, lp in zip(ids, completion.logprobs, strict=False)]
+                yield Tokens(ids, finished, "length" if reason == "length" else reason, probs)
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()
