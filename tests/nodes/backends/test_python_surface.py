@@ -9,6 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -153,6 +154,37 @@ def test_dlpack_round_trip_for_every_torch_dtype(dtype: str) -> None:
         assert pb_utils.Tensor.from_dlpack("T", t).triton_dtype() == 14
     with pytest.raises(pb_utils.TritonModelException, match="BYTES"):
         pb_utils.Tensor("S", np.array([b"a"], dtype=object)).to_dlpack()
+
+
+def test_from_dlpack_of_a_tensor_carries_the_new_name_and_shares_its_memory() -> None:
+    source = pb_utils.Tensor("A", np.arange(3, dtype=np.float32))
+    renamed = pb_utils.Tensor.from_dlpack("B", source)
+    assert renamed.name() == "B" and source.name() == "A"
+    assert np.shares_memory(renamed.as_numpy(), source.as_numpy())
+    with pytest.raises(pb_utils.TritonModelException, match=r"'S'.*BYTES"):
+        pb_utils.Tensor.from_dlpack("T", pb_utils.Tensor("S", np.array([b"a"], dtype=object)))
+    torch = pytest.importorskip("torch")
+    held = pb_utils.Tensor.from_dlpack("C", torch.arange(3))
+    again = pb_utils.Tensor.from_dlpack("D", held)
+    assert again.name() == "D" and held.name() == "C"
+    assert again.as_numpy().tolist() == [0, 1, 2]
+
+
+def test_bf16_has_no_numpy_form_as_in_triton() -> None:
+    # Triton's qa identity_bf16 model expects as_numpy() on a BF16 tensor to raise this
+    message = "tensor dtype is bf16 and cannot be converted to numpy"
+    served = pb_utils.Tensor._of("IN", np.ones(2, dtype=ml_dtypes.bfloat16))  # as the server hands it
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        served.as_numpy()
+    assert message in str(caught.value).lower() and "'IN'" in str(caught.value)
+    renamed = pb_utils.Tensor.from_dlpack("OUT", served)  # the DLPack path works without torch
+    assert renamed.triton_dtype() == 14 and renamed.shape() == [2]
+    torch = pytest.importorskip("torch")
+    back = torch.utils.dlpack.from_dlpack(served.to_dlpack())
+    assert back.dtype == torch.bfloat16 and back.tolist() == [1.0, 1.0]
+    made = pb_utils.Tensor.from_dlpack("T", torch.ones(2, dtype=torch.bfloat16))
+    with pytest.raises(pb_utils.TritonModelException, match="BF16"):
+        made.as_numpy()
 
 
 async def test_model_sees_triton_args_path_argv_and_utils(bk, caplog) -> None:

@@ -41,7 +41,7 @@ class BlsRequest:
         version = "" if self._version is None or int(self._version) < 0 else str(self._version)
         # host tensors as numpy (views), GPU tensors as they are (the engine's nodes take them
         # or copy them, counted)
-        inputs = tensor_map({t.name(): t.as_numpy() if t.is_cpu() else t._edge() for t in self._inputs})
+        inputs = tensor_map({t.name(): t._host() if t.is_cpu() else t._edge() for t in self._inputs})
         call = BlsCall(self.model_name, version, inputs, dict(self._parameters), self._id, self._timeout)
         return link, call
 

@@ -14,6 +14,8 @@ from flowserve.core.device import DeviceTensor, on_current_stream, produced, wra
 from flowserve.nodes.backends.pb.dtypes import _DTYPE_NUMBERS
 from flowserve.nodes.backends.pb.errors import TritonModelException, _GpuOnly
 
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
 
 class MemoryType(enum.IntEnum):
     TRITONSERVER_MEMORY_GPU = 0
@@ -119,8 +121,17 @@ class Tensor:
             except ImportError:  # numpy reads host memory only
                 return Tensor(name, np.from_dlpack(_Capsule(capsule)))
             source = torch.utils.dlpack.from_dlpack(capsule)
-        elif isinstance(capsule, Tensor):
-            return Tensor._of_device(name, capsule._edge()) if capsule._device is not None else capsule
+        elif isinstance(capsule, Tensor):  # the same memory under the new name
+            if capsule._device is not None:
+                return Tensor._of_device(name, capsule._device)
+            array = capsule._array
+            assert array is not None
+            if array.dtype.kind in "OSU":
+                raise TritonModelException(
+                    f"pb_utils.Tensor.from_dlpack('{name}'): tensor '{capsule._name}' is BYTES, "
+                    "which DLPack does not support"
+                )
+            return Tensor._of(name, array)
         elif not hasattr(capsule, "__dlpack_device__"):
             raise TritonModelException(
                 f"pb_utils.Tensor.from_dlpack('{name}'): expected a DLPack capsule or an object "
@@ -169,8 +180,22 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        """The tensor as numpy (a view for host memory); a GPU tensor cannot be read so, as in
-        Triton: use :meth:`to_dlpack`."""
+        """The tensor as numpy (a view for host memory). As in Triton, a GPU tensor and a BF16
+        tensor (numpy has no bfloat16) cannot be read so: use :meth:`to_dlpack`."""
+        array = self._array
+        if array is not None and array.dtype is not _BF16:  # the common case
+            return array
+        device = self._device
+        if (device is None or device.device.is_cpu) and self._dtype() == _BF16:  # (GPU: _host says)
+            raise TritonModelException(
+                f"Tensor dtype is BF16 and cannot be converted to NumPy (tensor '{self._name}'). "
+                "Use to_dlpack() and from_dlpack() instead."
+            )
+        return self._host()
+
+    def _host(self) -> np.ndarray:
+        """The host tensor as numpy (a view; BF16 as ``ml_dtypes.bfloat16``): what the engine
+        reads (BLS inputs), without :meth:`as_numpy`'s refusals made for model.py."""
         array = self._array
         if array is None:
             device = self._device
