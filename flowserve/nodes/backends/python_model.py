@@ -211,7 +211,9 @@ class PythonModelBackend(BackendNode):
             while answer is RESCHEDULE:  # back in the queue, behind the requests waiting
                 answer = await self.pool.run(self._execute_one, (request, reply))
             if isinstance(answer, concurrent.futures.Future):
-                answer = await self._later(request, answer)
+                cancel = _cancel_of(request)
+                del request  # (see _later)
+                answer = await self._later(cancel, answer)
         except asyncio.CancelledError:
             ctx.cancelled = True
             raise
@@ -242,13 +244,15 @@ class PythonModelBackend(BackendNode):
             return returned[0]
         return settle([request], [reply], returned, None)[0]
 
-    async def _later(self, request: pb_utils.InferenceRequest, answer: concurrent.futures.Future[Any]) -> Any:
-        """The response a model sends after ``execute`` returned (the instance already free)."""
+    async def _later(self, cancel: threading.Event | None, answer: concurrent.futures.Future[Any]) -> Any:
+        """The response a model sends after ``execute`` returned (the instance already free).
+        The server holds no request meanwhile: a sender the model let go of unsent ends the
+        request with an error (InferenceResponseSender.__del__), not a wait for ever."""
         try:
             return await asyncio.wrap_future(answer)
         except asyncio.CancelledError:
-            if request._sender is not None:
-                request._sender.cancelled.set()
+            if cancel is not None:
+                cancel.set()
             raise
 
     async def run_batch(  # type: ignore[override]
@@ -268,8 +272,8 @@ class PythonModelBackend(BackendNode):
             for i, inputs in enumerate(batch)
         ]
         replies = [Reply() for _ in requests]
-        for request, reply in zip(requests, replies, strict=True):
-            request._reply_to = reply.deliver
+        for i, reply in enumerate(replies):
+            requests[i]._reply_to = reply.deliver
         answers: list[Answer] = [None] * len(requests)
         todo = list(range(len(requests)))
         while todo:
@@ -280,12 +284,15 @@ class PythonModelBackend(BackendNode):
             for i, answer in zip(todo, got, strict=True):
                 answers[i] = answer
             todo = [i for i in todo if answers[i] is RESCHEDULE]
-        results: list[TensorMap | Exception] = []
-        for request, answer in zip(requests, answers, strict=True):
-            if isinstance(answer, concurrent.futures.Future):
-                answer = await self._later(request, answer)
-            results.append(self._answer(answer))
-        return results
+        waits = [
+            (i, answer, _cancel_of(requests[i]))
+            for i, answer in enumerate(answers)
+            if isinstance(answer, concurrent.futures.Future)
+        ]
+        del requests  # (see _later)
+        for i, answer, cancel in waits:
+            answers[i] = await self._later(cancel, answer)
+        return [self._answer(answer) for answer in answers]
 
     def _execute_some(
         self,
@@ -355,7 +362,9 @@ class PythonModelBackend(BackendNode):
             batch = [self._reshape(b, self._in_reshape) for b in batch]
         requests = [self._request(inputs, ctx) for inputs, ctx in zip(batch, contexts, strict=True)]
         for request, sink in zip(requests, sinks, strict=True):
-            sender = request._sender = pb_utils.InferenceResponseSender(self._deliver_to(sink))
+            sender = request._sender = pb_utils.InferenceResponseSender(
+                self._deliver_to(sink), model=self.model.name
+            )
             sink.cancel = sender.cancelled.set
         pending = requests
         while pending:
@@ -535,6 +544,12 @@ class PythonModelBackend(BackendNode):
 
 
 FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"
+
+
+def _cancel_of(request: pb_utils.InferenceRequest) -> threading.Event | None:
+    """What tells the model its caller left, for a request whose answer is still to come."""
+    sender = request._sender
+    return sender.cancelled if sender is not None else None
 
 
 def force_cpu_only_inputs(model: ModelSpec) -> bool:

@@ -118,6 +118,58 @@ async def test_decoupled_responses_after_execute_returned_thread_and_async_task(
         await engine.stop()
 
 
+async def test_a_sender_dropped_without_the_final_flag_ends_the_request_with_an_error(
+    tmp_path: Path,
+) -> None:
+    # Triton's client waits for ever when a model lets go of a request's sender before the final
+    # flag (the thread meant to answer ended or died); here the request ends with an error naming the model
+    _model(
+        tmp_path,
+        "dies",
+        f"""
+        def answer(sender):
+            sender.send({_out(1)})
+            # ... and the thread ends (as when it dies: its frames, the sender's last holder, go)
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for r in requests:
+                    threading.Thread(target=answer, args=(r.get_response_sender(),), daemon=True).start()
+                return None
+        """,
+        DECOUPLED,
+    )
+    forgets = """
+        class TritonPythonModel:
+            def execute(self, requests):
+                for r in requests:
+                    r.get_response_sender()
+                return [None for _ in requests]
+    """
+    _model(tmp_path, "forgets", forgets)  # non-decoupled: asks for the sender, returns None, never sends
+    _model(tmp_path, "forgets_batched", forgets, "dynamic_batching { }")
+    engine = await flowserve.Engine.start(tmp_path)
+    received: list[int] = []
+    try:
+        request = InferRequest("dies", _in(0))
+
+        async def read() -> None:
+            async for r in engine.stream_request(request):
+                received.append(int(r.outputs["OUT"][0, 0]))
+
+        with pytest.raises(FlowserveError, match="model 'dies' released a request's response sender"):
+            await asyncio.wait_for(read(), 10)
+        assert received == [1]  # what was sent before still arrived
+        with pytest.raises(FlowserveError, match="model 'forgets' released a request's response sender"):
+            await asyncio.wait_for(engine.infer("forgets", _in(0)), 10)
+        with pytest.raises(FlowserveError, match="model 'forgets_batched' released"):
+            await asyncio.wait_for(engine.infer("forgets_batched", _in(0)), 10)
+        with pytest.raises(FlowserveError, match="model 'dies' released"):  # and again: nothing stuck
+            await asyncio.wait_for(_stream(engine, "dies", 0), 10)
+    finally:
+        await engine.stop()
+
+
 async def test_decoupled_execute_must_return_none(tmp_path: Path) -> None:
     _model(
         tmp_path,

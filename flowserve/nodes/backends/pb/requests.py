@@ -202,7 +202,9 @@ class InferenceRequest(BlsRequest):
         sender = self._sender
         if sender is None and self._reply_to is not None:
             # a non-decoupled model answering through the sender: made when first asked for
-            sender = self._sender = InferenceResponseSender(self._reply_to, decoupled=False)
+            sender = self._sender = InferenceResponseSender(
+                self._reply_to, decoupled=False, model=self.model_name
+            )
         if sender is None:
             raise TritonModelException(
                 "get_response_sender() is only for decoupled models "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from flowserve.core.errors import FlowserveError, NodeError
+from flowserve.core.errors import FlowserveError, InternalError, NodeError
 from flowserve.nodes.backends.pb.errors import _CODES, TritonError, TritonModelException
 from flowserve.nodes.backends.pb.flags import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from flowserve.nodes.backends.pb.tensor import Tensor
@@ -54,9 +55,10 @@ class InferenceResponseSender:
     model sends any number, then the final flag; a non-decoupled one (``decoupled=False``)
     sends exactly one response, with the final flag."""
 
-    def __init__(self, deliver: Deliver, decoupled: bool = True) -> None:
+    def __init__(self, deliver: Deliver, decoupled: bool = True, model: str = "") -> None:
         self._deliver = deliver
         self._decoupled = decoupled
+        self._model = model
         self._closed = False
         self._sent = 0
         self._lock = threading.Lock()
@@ -108,6 +110,14 @@ class InferenceResponseSender:
     def closed(self) -> bool:
         return self._closed
 
+    def __del__(self) -> None:
+        # the model let go of the sender before the final flag (its thread died, it forgot):
+        # Triton's client would wait for ever; here the request ends with an error
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(Exception):  # nobody left to tell (a closed loop at shutdown)
+                self._deliver(InternalError(_dropped(self._model)), True)
+
     def _close(self, error: BaseException | None = None) -> bool:
         """The server ends the request (no more sends: they raise "closed"), handing on
         ``error`` with the final flag when given; False when the model had already closed it."""
@@ -118,6 +128,13 @@ class InferenceResponseSender:
         if error is not None:
             self._deliver(error, True)
         return True
+
+
+def _dropped(model: str) -> str:
+    return (
+        f"model '{model}' released a request's response sender without sending the final flag "
+        "(send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)); the request ends here"
+    )
 
 
 def _error_response(model: str, exc: BaseException) -> InferenceResponse:
