@@ -427,7 +427,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default in (None, "", argparse.SUPPRESS, [], ()) or "%(default)" in text or not text:
             return text
-        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse._VersionAction):
+        switches = argparse._StoreTrueAction | argparse._StoreFalseAction | argparse._VersionAction
+        if isinstance(action, switches):
             return text  # a switch: "--no-load (default: True)" would read as if it were on
         return text + " (default: %(default)s)"
 
