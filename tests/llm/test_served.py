@@ -42,14 +42,21 @@ async def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
     repo = tmp_path_factory.mktemp("served-repo")
     write_llm_model(repo, "tiny", tiny_model)
+    graphs = write_embedding_graph(tmp_path_factory.mktemp("served-project"))
     options = ServerOptions(
-        model_repositories=[repo], host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=-1, openai_port=0
+        model_repositories=[repo],
+        graph_dirs=[graphs],
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=0,
+        metrics_port=-1,
+        openai_port=0,
     )
     server = Server(options)
     plane = await server.start()
     try:
         for _ in range(600):
-            if plane.model_ready("tiny"):
+            if plane.model_ready("tiny") and plane.model_ready("embed"):
                 break
             await asyncio.sleep(0.05)
         yield Served(server, plane)
@@ -58,6 +65,53 @@ async def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             await c.close()
         _clients.clear()
         await server.stop()
+
+
+EMBED_NODE = """
+import numpy as np
+
+
+class Embed:
+    inputs = ["text"]
+    outputs = ["vector"]
+
+    def execute(self, inputs):
+        return {"vector": embed(inputs["text"].reshape(-1)[0].decode())}
+
+
+def embed(text):
+    vector = np.zeros(8, np.float32)
+    for i, byte in enumerate(text.encode()):
+        vector[i % 8] += byte / 255
+    return vector
+"""
+EMBED_GRAPH = """
+name: embed
+inputs:
+  text: {datatype: BYTES, dims: [1]}
+outputs:
+  vector: embed.vector
+nodes:
+  embed:
+    python: embed_node:Embed
+    inputs: {text: $text}
+    outputs: {vector: {datatype: FP32, dims: [8]}}
+"""
+
+
+def write_embedding_graph(project: Path) -> Path:
+    """A graph with one text input and a vector output (a python node), as /v1/embeddings takes."""
+    (project / "embed_node.py").write_text(EMBED_NODE)
+    (project / "graphs").mkdir()
+    (project / "graphs" / "embed.yaml").write_text(EMBED_GRAPH)
+    return project / "graphs"
+
+
+def expected_embedding(text: str) -> list[float]:
+    vector = np.zeros(8, np.float32)
+    for i, byte in enumerate(text.encode()):
+        vector[i % 8] += byte / 255
+    return [float(v) for v in vector]
 
 
 _clients: dict[int, Any] = {}
@@ -199,3 +253,17 @@ async def test_triton_generate_endpoints(served: Served) -> None:
     assert status == 200, body
     events = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:")]
     assert len(events) >= 1 and all("text_output" in e for e in events)
+
+
+async def test_embeddings_over_a_graph_that_outputs_a_vector(served: Served) -> None:
+    out = await client(served).embeddings.create(model="embed", input=["hello world", "flowserve"])
+    assert [d.index for d in out.data] == [0, 1]
+    assert out.data[0].embedding == pytest.approx(expected_embedding("hello world"))
+    assert out.data[1].embedding == pytest.approx(expected_embedding("flowserve"))
+    assert out.model == "embed"
+    # the client asks for base64 unless told otherwise; JSON numbers too
+    floats = await client(served).embeddings.create(model="embed", input="hello", encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(expected_embedding("hello"))
+    with pytest.raises(openai.BadRequestError) as bad:  # a generation model has no vector output
+        await client(served).embeddings.create(model="tiny", input="hello")
+    assert "model 'tiny'" in bad.value.message

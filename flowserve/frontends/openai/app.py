@@ -162,7 +162,7 @@ class OpenAIApp:
             await asyncio.gather(*tasks, watch, return_exceptions=True)
 
     async def embed(self, body: Any) -> dict[str, Any]:
-        model, texts = tr.read_embeddings(body)
+        model, texts, encoding = tr.read_embeddings(body)
         if not self.plane.model_ready(model):
             raise NotFound(f"model '{model}' is not ready or does not exist")
         meta = self.plane.model_metadata(model)
@@ -174,7 +174,7 @@ class OpenAIApp:
             if vector is None:
                 raise InvalidArgument(f"model '{model}' did not return output '{output}'")
             vectors.append(np.asarray(vector))
-        return tr.embedding_object(model, vectors, sum(len(t.split()) for t in texts))
+        return tr.embedding_object(model, vectors, sum(len(t.split()) for t in texts), encoding)
 
 
 def _model_card(name: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -228,7 +229,9 @@ def usage_chunk(req: Completion, choices: Sequence[Choice]) -> dict[str, Any]:
 # --- embeddings ---
 
 
-def read_embeddings(body: Any) -> tuple[str, list[str]]:
+def read_embeddings(body: Any) -> tuple[str, list[str], str]:
+    """(model, texts, encoding): ``encoding_format`` "float" (JSON numbers) or "base64" (the
+    vector's little-endian float32 bytes, what the official client asks for by default)."""
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     model = body.get("model")
@@ -238,9 +241,10 @@ def read_embeddings(body: Any) -> tuple[str, list[str]]:
     texts = [given] if isinstance(given, str) else given
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise InvalidArgument("'input' must be a string or a non-empty list of strings")
-    if body.get("encoding_format", "float") != "float":
-        raise InvalidArgument("only 'encoding_format': 'float' is supported")
-    return model, texts
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise InvalidArgument(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}")
+    return model, texts, encoding
 
 
 def embedding_request(model: str, text: str, meta: Mapping[str, Any]) -> tuple[InferRequest, str]:
@@ -260,20 +264,24 @@ def embedding_request(model: str, text: str, meta: Mapping[str, Any]) -> tuple[I
     return InferRequest(model=model, inputs={spec["name"]: array}), numeric[0]["name"]
 
 
-def embedding_object(model: str, vectors: Sequence[np.ndarray], tokens: int) -> dict[str, Any]:
+def embedding_object(
+    model: str, vectors: Sequence[np.ndarray], tokens: int, encoding: str = "float"
+) -> dict[str, Any]:
     return {
         "object": "list",
         "model": model,
         "data": [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": np.asarray(v, dtype=np.float64).reshape(-1).tolist(),
-            }
+            {"object": "embedding", "index": i, "embedding": _encoded(v, encoding)}
             for i, v in enumerate(vectors)
         ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").reshape(-1).tobytes()).decode()
+    return np.asarray(vector, dtype=np.float64).reshape(-1).tolist()
 
 
 # --- errors ---
