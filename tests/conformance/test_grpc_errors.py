@@ -268,7 +268,7 @@ def test_bytes_bad_length_prefix(stub: Any, data: bytes, fragment: str) -> None:
 
 def test_model_failure_is_internal_and_names_the_model(client: grpcclient.InferenceServerClient) -> None:
     inputs = [tensor("INPUT0", np.array([1, -2, 3], np.int32))]
-    expect_error(client, "failing", inputs, StatusCode.INTERNAL, "'failing'", "negative input")
+    expect_error(client, "failing", inputs, StatusCode.INTERNAL, "model 'failing_0_0'", "negative input")
     ok = client.infer("failing", [tensor("INPUT0", np.array([1, 2], np.int32))])
     np.testing.assert_array_equal(ok.as_numpy("OUTPUT0"), [1, 2])
 

@@ -128,7 +128,7 @@ def test_failing_and_broken_models(client: httpclient.InferenceServerClient) -> 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), good)
     with pytest.raises(InferenceServerException) as err:
         client.infer("failing", client_inputs(("INPUT0", -good, "INT32")))
-    expect(err, "500", "'failing'", "negative input")
+    expect(err, "500", "model 'failing_0_0'", "negative input")
     assert not client.is_model_ready("broken")
     with pytest.raises(InferenceServerException) as err:
         client.infer("broken", client_inputs(("INPUT0", good, "INT32")))
