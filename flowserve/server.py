@@ -76,9 +76,12 @@ class ServerPlane(DataPlane):
     failed (see :func:`failed_models`)."""
 
     strict_readiness = True
+    # a Server's plane: False from its start until the models it starts with have loaded (the
+    # listeners answer before, live and not ready), and again as soon as shutdown begins
+    serving = True
 
     def ready(self) -> bool:
-        return super().ready() and not (self.strict_readiness and failed_models(self))
+        return self.serving and super().ready() and not (self.strict_readiness and failed_models(self))
 
 
 class Server:
@@ -88,7 +91,7 @@ class Server:
         self.options = options
         self.peers = peers
         self.worker = worker
-        self.plane: DataPlane | None = None
+        self.plane: ServerPlane | None = None
         self.listeners: list[Listener] = []
         # (protocol, address) of each started listener, as bound (port 0 becomes the real one)
         self.addresses: list[tuple[str, str]] = []
@@ -122,6 +125,7 @@ class Server:
         open_files_for(opts.max_connections, regions=shm.max_regions if opts.allow_shm else 0)
         plane = ServerPlane(engine, shm, opts.limits, admission=admission, guards=guards)
         plane.strict_readiness = opts.strict_readiness
+        plane.serving = False
         if opts.log_file:
             plane.update_log_settings({"log_file": opts.log_file}, from_network=False)
         plane.header_forward = dict(opts.header_forward)
@@ -193,6 +197,8 @@ class Server:
         except BaseException:
             await self.stop()
             raise
+        # ready, unless --exit-on-error is about to stop the server
+        plane.serving = startup_failures(plane, opts.exit_on_error) is None
         return plane
 
     async def _started(self, protocol: str, port: int, starting: Awaitable[Listener]) -> None:
@@ -237,6 +243,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting on every listener at once, give in-flight requests ``shutdown_grace_s``
         to finish, then unload (for at most UNLOAD_WAIT_S)."""
+        if self.plane is not None:
+            self.plane.serving = False  # not ready from now on, while the listeners wind down
         grace = self.options.shutdown_grace_s
         listeners, self.listeners = list(reversed(self.listeners)), []
         stopped = await asyncio.gather(*(x.stop(grace) for x in listeners), return_exceptions=True)

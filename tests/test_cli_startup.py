@@ -537,3 +537,62 @@ def test_an_empty_repository_says_so(tmp_path: Path) -> None:
         ), serving.lines
     finally:
         assert serving.stop() == 0
+
+
+GATED_MODEL = """
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        gate = os.path.join(args["model_repository"], "..", "go")
+        while not os.path.exists(gate):  # loads until the test opens the gate
+            time.sleep(0.02)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros(1, np.float32))]) for _ in requests]
+"""
+
+
+async def test_ready_only_from_the_end_of_the_initial_loads_until_shutdown_begins(tmp_path: Path) -> None:
+    """/v2/health/ready says 400 from the moment the listeners answer until the models the server
+    starts with have loaded (not only while the repository is loading: the listeners come up
+    first), and again as soon as shutdown begins."""
+    from flowserve.server import Server
+
+    repo = tmp_path / "repo"
+    (repo / "gated" / "1").mkdir(parents=True)
+    (repo / "gated" / "1" / "model.py").write_text(GATED_MODEL)
+    (repo / "gated" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    http = free_port()
+    options = Settings(  # HTTP answers while gRPC and metrics still start, then while the model loads
+        model_repositories=[repo], host="127.0.0.1", http_port=http, grpc_port=free_port(),
+        metrics_port=free_port(),
+    )  # fmt: skip
+    server = Server(options)
+    ready_url = f"http://127.0.0.1:{http}/v2/health/ready"
+    starting = asyncio.ensure_future(server.start())
+    try:
+        # until the HTTP listener is up (the others start next, then the model loads)
+        while not server.addresses:  # noqa: ASYNC110 - nothing to wait on but the list
+            await asyncio.sleep(0.01)
+        plane = server.plane
+        assert plane is not None and plane.live() and not plane.ready()
+        assert await asyncio.to_thread(_status, ready_url) == 400
+        (repo / "go").write_text("")
+        assert await asyncio.wait_for(starting, 60) is plane
+        assert plane.ready() and await asyncio.to_thread(_status, ready_url) == 200
+        stopping = asyncio.ensure_future(server.stop())
+        await asyncio.sleep(0)  # shutdown began: the listeners still wind down
+        assert not plane.ready()
+        await stopping
+    finally:
+        (repo / "go").write_text("")
+        if not starting.done():
+            await starting
+        await server.stop()
