@@ -134,13 +134,13 @@ def _split_raw(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
             fields += 1
             if fields > _SPLIT_FIELDS:
                 return None
-            tag, after = _read_varint(view, pos)
+            tag, after = read_varint(view, pos)
             wire = tag & 7
             if wire == 2:
-                length, body = _read_varint(view, after)
+                length, body = read_varint(view, after)
                 stop = body + length
             elif wire == 0:
-                stop = _read_varint(view, after)[1]
+                stop = read_varint(view, after)[1]
             elif wire in _FIXED_WIRE:
                 stop = after + _FIXED_WIRE[wire]
             else:
@@ -160,7 +160,7 @@ def _split_raw(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
     return b"".join(heads), raws
 
 
-def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(view: bytes | memoryview, pos: int) -> tuple[int, int]:
     """The varint at ``pos`` and the position after it (IndexError past the end)."""
     value = shift = 0
     while True:

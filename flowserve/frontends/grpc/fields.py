@@ -26,7 +26,7 @@ from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import service_pb2
 
 from flowserve.core.errors import ResourceExhausted
-from flowserve.frontends.grpc.codec import parse_request
+from flowserve.frontends.grpc.codec import parse_request, read_varint
 from flowserve.frontends.grpc.http2 import Method
 
 # fields a request may have besides its BYTES elements (tensors, shapes, parameters, outputs)
@@ -117,7 +117,7 @@ def _count(
         tag = buf[pos]
         pos += 1
         if tag >= 0x80:
-            tag, pos = _varint(buf, pos - 1)
+            tag, pos = read_varint(buf, pos - 1)
         left -= 1
         if left < 0:
             raise _Over(span)
@@ -130,7 +130,7 @@ def _count(
             length = buf[pos]
             pos += 1
             if length >= 0x80:
-                length, pos = _varint(buf, pos - 1)
+                length, pos = read_varint(buf, pos - 1)
             field = fields.get(tag >> 3)
             if field is not None and field.message_type is not None:
                 inner = (pos, pos + length) if span is None else span
@@ -145,30 +145,17 @@ def _count(
     return left
 
 
-def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
 def _string_field(buf: bytes | memoryview, pos: int, end: int, number: int) -> str:
     """The first string field ``number`` of the message at ``buf[pos:end]`` ("" if none), for a
     message (cut to 200 characters)."""
     try:
         while pos < end:
-            tag, pos = _varint(buf, pos)
+            tag, pos = read_varint(buf, pos)
             wire = tag & 7
             if wire == 0:
-                _, pos = _varint(buf, pos)
+                _, pos = read_varint(buf, pos)
             elif wire == 2:
-                length, pos = _varint(buf, pos)
+                length, pos = read_varint(buf, pos)
                 if tag >> 3 == number:
                     return bytes(buf[pos : pos + min(length, 200)]).decode("utf-8", "replace")
                 pos += length
