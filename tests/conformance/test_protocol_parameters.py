@@ -107,6 +107,20 @@ def test_grpc(served: Any) -> None:
         client.close()
 
 
+def test_the_schedulers_settings_are_not_the_models(served: Any) -> None:
+    """priority and timeout set how the request is scheduled (Triton's front ends take them out
+    of the parameters); the model sees only the rest."""
+    http = httpclient.InferenceServerClient(served.http_url)
+    grpc_ = grpcclient.InferenceServerClient(served.grpc_url)
+    try:
+        for client, module in ((http, httpclient), (grpc_, grpcclient)):
+            result = client.infer("params", inputs(module), priority=1, timeout=10_000_000, parameters={"k": 1})
+            assert seen(result) == {"k": 1}, module.__name__
+    finally:
+        http.close()
+        grpc_.close()
+
+
 def test_grpc_stream_forwards_the_streams_headers(served: Any) -> None:
     client = grpcclient.InferenceServerClient(served.grpc_url)
     answers: queue.Queue[Any] = queue.Queue()

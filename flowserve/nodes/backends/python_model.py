@@ -407,6 +407,9 @@ class PythonModelBackend(BackendNode):
                 flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
             if parameters.pop("sequence_end", False):
                 flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+            # the scheduler's settings, as Triton's front ends take them: not the model's
+            parameters.pop("priority", None)
+            parameters.pop("timeout", None)
         return pb_utils.InferenceRequest._incoming(
             self.model.name,
             inputs,
