@@ -23,8 +23,8 @@ import rapidjson
 import uvicorn
 import uvloop
 
+from flowserve.frontends import listen_socket
 from flowserve.frontends.http.http1 import Http1Server
-from flowserve.frontends.http.listener import bind
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -196,7 +196,7 @@ def main() -> None:
 
 
 async def serve_native(host: str, port: int) -> None:
-    await Http1Server(app).start(bind(host, port))
+    await Http1Server(app).start(listen_socket(host, port, "HTTP"))
     await asyncio.Event().wait()
 
 

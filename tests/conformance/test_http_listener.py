@@ -10,8 +10,8 @@ import pytest
 
 from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends import listen_socket
 from flowserve.frontends.http import HTTP_SERVERS, start_http
-from flowserve.frontends.http.listener import bind
 
 
 class SlowApp:
@@ -102,13 +102,13 @@ async def test_busy_port_is_a_clear_error(server: str) -> None:
 
 
 def test_a_port_is_shared_only_when_every_socket_asks_for_it() -> None:
-    first = bind("127.0.0.1", 0, reuse_port=True)
+    first = listen_socket("127.0.0.1", 0, "HTTP", reuse_port=True)
     first.listen()
     port = first.getsockname()[1]
     try:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
-            bind("127.0.0.1", port)  # flowserve's own listeners never share
-        second = bind("127.0.0.1", port, reuse_port=True)  # benchmarks/processes.py's
+            listen_socket("127.0.0.1", port, "HTTP")  # flowserve's own listeners never share
+        second = listen_socket("127.0.0.1", port, "HTTP", reuse_port=True)  # benchmarks/processes.py's
         second.close()
     finally:
         first.close()

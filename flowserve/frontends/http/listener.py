@@ -20,13 +20,12 @@ has no body or head timeout. The request byte budget, the JSON limits and the di
 from __future__ import annotations
 
 import math
-import socket
 
 import uvicorn
 
 from flowserve.dataplane.access import Restrictions
 from flowserve.dataplane.plane import DataPlane
-from flowserve.frontends import HTTP_SERVERS
+from flowserve.frontends import HTTP_SERVERS, listen_socket, stop_uvicorn
 from flowserve.frontends.http.app import HttpApp
 from flowserve.frontends.http.asgi import ASGIApp
 from flowserve.frontends.http.http1 import BODY_TIMEOUT_S, Http1Server
@@ -51,28 +50,7 @@ class HttpListener:
         if isinstance(server, Http1Server):
             await server.stop(grace_s)
             return
-        server.config.timeout_graceful_shutdown = max(math.ceil(grace_s), 0)  # uvicorn takes whole seconds
-        await server.shutdown()
-        for connection in list(server.server_state.connections):
-            connection.transport.close()
-
-
-def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A listening-ready socket on ``host:port``; ``reuse_port`` lets other processes bind the
-    same port (SO_REUSEPORT: the workers of one server, ``--workers N``)."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, f"HTTP front end cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
+        await stop_uvicorn(server, grace_s)
 
 
 async def start_http(
@@ -101,7 +79,7 @@ async def start_http(
         chosen = Http1Server(app, idle_timeout_s, body_timeout_s, guard, plane.guards.unsent)
     else:
         chosen = _uvicorn(app, idle_timeout_s, guard.limit)
-    sock = bind(host, port, reuse_port)
+    sock = listen_socket(host, port, "HTTP", reuse_port)
     try:
         if isinstance(chosen, Http1Server):
             await chosen.start(sock)

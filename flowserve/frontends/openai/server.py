@@ -5,12 +5,10 @@ port is a clear ``OSError``; port 0 gives the port bound) and uvicorn's ``serve(
 
 from __future__ import annotations
 
-import math
-import socket
-
 import uvicorn
 
 from flowserve.dataplane.plane import DataPlane
+from flowserve.frontends import listen_socket, stop_uvicorn
 from flowserve.frontends.openai.app import OpenAIApp
 
 KEEP_ALIVE_S = 75
@@ -29,25 +27,7 @@ class OpenAIListener:
         if self._stopped:
             return
         self._stopped = True
-        server = self._server
-        server.config.timeout_graceful_shutdown = max(math.ceil(grace_s), 0)
-        await server.shutdown()
-        for connection in list(server.server_state.connections):
-            connection.transport.close()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, f"OpenAI front end cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
+        await stop_uvicorn(self._server, grace_s)
 
 
 async def start_openai(plane: DataPlane, host: str, port: int) -> OpenAIListener:
@@ -65,7 +45,7 @@ async def start_openai(plane: DataPlane, host: str, port: int) -> OpenAIListener
     config.load()
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)
-    sock = _bind(host, port)
+    sock = listen_socket(host, port, "OpenAI")
     try:
         await server.startup(sockets=[sock])
     except BaseException:
