@@ -200,6 +200,26 @@ async def test_errors_have_openai_shape(served: Served) -> None:
     assert bad.value.body["type"] == "invalid_request_error"  # type: ignore[index]
 
 
+async def test_a_body_over_the_limit_is_refused_and_the_server_serves_on(served: Served) -> None:
+    from flowserve.frontends.openai.app import MAX_BODY
+
+    body = json.dumps({"model": "tiny", "prompt": "x" * (MAX_BODY + 1024), "max_tokens": 1}).encode()
+    url = f"http://127.0.0.1:{served.port('OpenAI')}/v1/completions"
+
+    def post() -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, doc = await asyncio.to_thread(post)
+    assert status == 400 and f"larger than {MAX_BODY} bytes" in doc["error"]["message"], doc
+    out = await client(served).completions.create(model="tiny", prompt="hi", max_tokens=1)
+    assert out.usage is not None and out.usage.completion_tokens == 1
+
+
 async def test_triton_vllm_client_over_grpc_streaming(served: Served) -> None:
     import tritonclient.grpc.aio as grpcclient
 

@@ -41,6 +41,8 @@ async def start_openai(plane: DataPlane, host: str, port: int) -> OpenAIListener
         log_config=None,
         server_header=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        # --max-connections, as for the HTTP front end on uvicorn (0: no cap)
+        limit_concurrency=plane.guards.listener("openai").limit or None,
     )
     config.load()
     server = uvicorn.Server(config)
