@@ -57,6 +57,7 @@ from flowserve.graph.plan import Signature
 from flowserve.nodes.instances import InstancePool, Worker
 from flowserve.nodes.loading import LoadSettings
 from flowserve.spec.schema import NodeSpec, TensorSpec
+from flowserve.spec.suggest import did_you_mean
 
 log = logging.getLogger("flowserve")
 
@@ -73,7 +74,8 @@ def import_target(target: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise InvalidArgument(f"module '{module_name}' has no attribute '{attr}'") from None
+            hint = did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
+            raise InvalidArgument(f"module '{module_name}' has no attribute '{attr}'{hint}") from None
     return obj
 
 

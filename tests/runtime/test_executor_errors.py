@@ -168,3 +168,13 @@ def test_code_traceback_leaves_flowserve_out_but_keeps_everything_when_nothing_e
     # raised in a test file (not flowserve's): its frame is the user's code
     assert code_location(own).endswith("test_executor_errors.py:" + str(own.__traceback__.tb_lineno))
     assert code_traceback(own).endswith("flowserve.core.errors.FlowserveError: ours")
+
+
+async def test_a_misspelled_class_gets_a_did_you_mean(tmp_path: Path) -> None:
+    graphs, module = project(tmp_path, "class Prep:\n    def execute(self, inputs):\n        return inputs\n")
+    engine = await Engine.start(graphs=graphs)
+    try:
+        status = next(s for s in engine.registry.index() if s.name == "g")
+        assert f"module '{module}' has no attribute 'Pre' (did you mean 'Prep'?)" in status.reason
+    finally:
+        await engine.stop()
