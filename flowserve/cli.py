@@ -18,7 +18,7 @@ from flowserve.bench.cli import add_parser as add_bench
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.version import VERSION
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
-from flowserve.nodes.factory import compile_all
+from flowserve.nodes.factory import compile_all, users_of
 from flowserve.repository.check import load_check
 from flowserve.repository.repository import add_import_roots, scan_all
 from flowserve.repository.settings import RepositorySettings
@@ -64,18 +64,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     errors = [str(i) for i in [*compiled.issues, *no_file]]
     no_file_sources = {i.file for i in no_file}
     broken = set(compiled.failed) | {n for n, m in scan.models.items() if m.source in no_file_sources}
-    valid = [n for n in compiled.order if n not in broken]
-    blocked: list[str] = []
+    users = users_of(scan, broken)  # they cannot serve either: not valid, and no error of their own
+    valid = [n for n in compiled.order if n not in broken and n not in users]
+    blocked = sorted(users)
     if args.load and valid:
         with _quiet_log(args.log_level):
             report = asyncio.run(load_check(repos, graphs, skip=broken))
         errors += [str(f) for f in report.failures]
-        blocked = report.blocked
+        blocked = sorted({*blocked, *report.blocked})
         valid = [n for n in valid if n in report.loaded]
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     if blocked:
-        print(f"not loaded, as they use what failed: {', '.join(blocked)}", file=sys.stderr)
+        verb = "loaded" if args.load else "valid"
+        print(f"not {verb}, as they use what failed: {', '.join(blocked)}", file=sys.stderr)
     what = "valid and loaded" if args.load else "valid"
     if errors:
         print(f"{len(errors)} error(s); {len(valid)} {what}: {', '.join(valid) or 'none'}", file=sys.stderr)

@@ -98,6 +98,17 @@ def test_a_model_whose_initialize_raises_blocks_its_graph(project: Path) -> None
     assert lines[1:] == ["not loaded, as they use what failed: hello", "1 error(s); 0 valid and loaded: none"]
 
 
+def test_a_missing_model_file_blocks_the_graph_using_it_when_only_reading(project: Path) -> None:
+    (project / "model_repository" / "scale" / "1" / "model.py").unlink()
+    for args, verb in (([], "loaded"), (["--no-load"], "valid")):
+        done = validate(*args, cwd=project)
+        assert done.returncode == 1
+        lines = done.stderr.splitlines()
+        assert lines[0].startswith("error: model_repository/scale/config.pbtxt: model 'scale' version 1: "), lines
+        what = "valid and loaded" if verb == "loaded" else "valid"
+        assert lines[1:] == [f"not {verb}, as they use what failed: hello", f"1 error(s); 0 {what}: none"]
+
+
 def test_one_typo_is_one_error_end_to_end(project: Path) -> None:
     """The new user's case: a misspelled output left 'pre' looking unused and 'result' untyped."""
     replace(project / "graphs" / "hello.yaml", "inputs: {x: normalize.x}", "inputs: {x: normalize.xx}")

@@ -57,6 +57,14 @@ def dependencies(spec: GraphSpec) -> set[str]:
     return {t for n in spec.nodes.values() for t in node_targets(n)}
 
 
+def users_of(scan: Scan, names: set[str]) -> set[str]:
+    """The servables of ``scan`` that use any of ``names``, directly or through other graphs."""
+    deps = nx.DiGraph()
+    for name, spec in graph_specs(scan).items():
+        deps.add_edges_from((dep, name) for dep in dependencies(spec))
+    return {user for name in names if name in deps for user in nx.descendants(deps, name)} - names
+
+
 def compile_all(scan: Scan, known: dict[str, Plan] | None = None) -> Compiled:
     """Compile every spec of ``scan`` (``known``: plans already loaded that graphs may use)."""
     specs = graph_specs(scan)
