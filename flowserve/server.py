@@ -363,7 +363,7 @@ async def serve(options: ServerOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     try:
-        plane = await _start_unless_stopped(server, stopping)
+        plane = await start_unless_stopped(server, stopping)
     except (StartupError, OSError) as exc:
         return _cannot_start(str(exc))
     except FlowserveError as exc:
@@ -395,7 +395,7 @@ async def serve(options: ServerOptions) -> int:
     return 0
 
 
-async def _start_unless_stopped(server: Server, stopping: asyncio.Event) -> DataPlane | None:
+async def start_unless_stopped(server: Server, stopping: asyncio.Event) -> DataPlane | None:
     """``server.start()``, unless SIGTERM/SIGINT comes first (a pod stopped during a long
     load): then the load is abandoned, the listeners stopped, and None returned."""
     starting = asyncio.ensure_future(server.start())

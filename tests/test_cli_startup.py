@@ -507,11 +507,16 @@ def test_workers_say_not_ready_when_a_model_failed(repository: Path) -> None:
 
 
 @pytest.mark.slow
-def test_stopped_while_loading(tmp_path: Path) -> None:
-    """SIGTERM during a long load stops the server (a pod stopped while it starts)."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stopped_while_loading(tmp_path: Path, workers: int) -> None:
+    """SIGTERM during a long load stops the server (a pod stopped while it starts), also with
+    ``--workers`` (each worker abandoned its load only once it ended, 60 s here)."""
     graphs = _slow_project(tmp_path, 60)
     http = free_port()
-    serving = _Serving("--graphs", str(graphs), f"--http-port={http}", "--grpc-port=-1", "--metrics-port=-1")
+    ports = ["--grpc-port=-1", "--metrics-port=-1"]
+    if workers > 1:
+        ports = [f"--grpc-port={free_port()}", f"--metrics-port={free_port()}", "--workers", str(workers)]
+    serving = _Serving("--graphs", str(graphs), f"--http-port={http}", *ports)
     try:
         serving.wait_for("loading models and graphs")
         assert _status(f"http://127.0.0.1:{http}/v2/health/live") == 200

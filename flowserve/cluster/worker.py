@@ -276,7 +276,14 @@ def _routing_model(servable: Servable) -> routing.Model:
 
 async def run_worker(directory: Path, index: int) -> int:
     """A worker's life: connect, load, serve until SIGTERM (or the supervisor is gone), drain."""
-    from flowserve.server import Server, StartupError, hide_command_line, startup_failures, startup_table
+    from flowserve.server import (
+        Server,
+        StartupError,
+        hide_command_line,
+        start_unless_stopped,
+        startup_failures,
+        startup_table,
+    )
 
     hide_command_line()
     settings: Settings = pickle.loads((directory / "settings.pickle").read_bytes())
@@ -288,11 +295,14 @@ async def run_worker(directory: Path, index: int) -> int:
     changes = await peers.connect()
     server = Server(settings, peers=peers, worker=index)
     try:
-        try:
-            plane = await server.start()
+        try:  # SIGTERM during a long load abandons it, as one process does (a pod stopped while starting)
+            plane = await start_unless_stopped(server, stopping)
         except (OSError, StartupError) as exc:  # e.g. a port in use: one line, the supervisor stops
             log.error("worker %d cannot serve: %s", index, exc)
             return 1
+        if plane is None:
+            log.info("worker %d stopped while loading", index)
+            return 0
         if index == 0:  # every worker loads the same models: one table for the server
             print(startup_table(plane, server.addresses), flush=True)
         stop_line = startup_failures(plane, settings.exit_on_error)
