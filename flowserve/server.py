@@ -111,6 +111,7 @@ class Server:
             rate_limiter=RateLimiter(opts.rate_limit_resources) if opts.rate_limit != "off" else None,
             placement=placement,
         )
+        repository.progress_lines = self.worker == 0  # every worker loads the same: one set of lines
         engine = Engine(repository)
         # a worker of several writes its counts where the others read them (cluster/board.py)
         admit = Admission if self.peers is None else self.peers.admission

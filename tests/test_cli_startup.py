@@ -484,6 +484,9 @@ def test_health_answers_while_loading_with_workers(tmp_path: Path) -> None:
         assert (200, 400) in seen, seen
         assert serving.wait_for("flowserve ready:").endswith(f"flowserve ready: 2 workers, HTTP :{http}")
         assert _status(f"http://127.0.0.1:{http}/v2/health/ready") == 200
+        # every worker loads the same graph; one of them says how it goes (not one line each)
+        progress = [x for x in serving.lines if "loading graph 'slow' version 1, node 'pre' (3 s)" in x]
+        assert len(progress) == 1, serving.lines
     finally:
         assert serving.stop() == 0
 

@@ -127,6 +127,9 @@ class Repository:
         self.live = True
         # True while open() loads what the server starts with: live, not ready (as Triton)
         self.loading = False
+        # a progress line every PROGRESS_S during a long load; off in all but one worker of a
+        # server of several (each loads the same models: one set of lines is enough)
+        self.progress_lines = True
         self._overrides: Path | None = None
         self._poller: asyncio.Task[None] | None = None
         self._reload_failures: dict[str, str] = {}
@@ -259,7 +262,7 @@ class Repository:
         for version in versions:
             stats = ModelStats()
             started: list[Node] = []
-            progress = _Progress(f"{kind} '{name}' version {version}", self.clock)
+            progress = _Progress(f"{kind} '{name}' version {version}", self.clock, self.progress_lines)
             try:
                 if forwarded:
                     assert model is not None and self.placement is not None
@@ -607,12 +610,14 @@ class _Progress:
     """While one version loads, a log line every PROGRESS_S seconds: what loads, the node it
     is starting (a slow initialize) and for how long, so a long start is not a silent one."""
 
-    def __init__(self, what: str, clock: Clock) -> None:
+    def __init__(self, what: str, clock: Clock, report: bool = True) -> None:
         self.what = what
         self.doing = ""
         self.clock = clock
         self.started_ns = clock.now_ns()
-        self.task = asyncio.get_running_loop().create_task(self._report(), name="flowserve-load-progress")
+        self.task: asyncio.Task[None] | None = None
+        if report:
+            self.task = asyncio.get_running_loop().create_task(self._report(), name="flowserve-load-progress")
 
     async def _report(self) -> None:
         while True:
@@ -622,7 +627,8 @@ class _Progress:
             log.info("loading %s%s (%.0f s)...", self.what, doing, seconds)
 
     def stop(self) -> None:
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
