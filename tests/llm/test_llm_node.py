@@ -149,13 +149,29 @@ async def test_a_client_that_goes_away_frees_its_sequence(engine: flowserve.Engi
         if after.running == 0 and after.kv_cache_usage < during.kv_cache_usage:
             break
         await asyncio.sleep(0.01)
-    # its sequence left the batch and its blocks went back (transformers keeps the complete
-    # blocks of a sequence as an evictable prefix cache, so not all the way to ``before``)
+    # its sequence left the batch and its blocks went back: KV use is back where it was (the
+    # complete blocks transformers keeps as an evictable prefix cache count as free, as in vLLM)
     assert (after.running, after.waiting) == (0, 0)
-    assert after.kv_cache_usage < during.kv_cache_usage
+    assert after.kv_cache_usage == before.kv_cache_usage == 0.0
     assert node.active == 0  # type: ignore[attr-defined]
     # the engine goes on serving
     assert len(await collect(engine, request("hello", temperature=0, max_tokens=3, ignore_eos=True))) >= 1
+
+
+async def test_a_request_seed_gives_the_same_text_alone_and_in_a_batch(engine: flowserve.Engine) -> None:
+    def sampled(prompt: str, seed: int) -> InferRequest:
+        return request(prompt, temperature=1.0, max_tokens=12, ignore_eos=True, seed=seed)
+
+    alone = "".join(texts(await collect(engine, sampled("hello world", 7))))
+    # the same request among others that sample (unseeded and seeded) and decode greedily
+    others = [
+        collect(engine, request("the quick brown fox", temperature=1.0, max_tokens=12, ignore_eos=True)),
+        collect(engine, sampled("a small model", 3)),
+        collect(engine, request("flowserve streams", temperature=0, max_tokens=12, ignore_eos=True)),
+    ]
+    batched, *_ = await asyncio.gather(collect(engine, sampled("hello world", 7)), *others)
+    assert "".join(texts(batched)) == alone
+    assert "".join(texts(await collect(engine, sampled("hello world", 8)))) != alone
 
 
 async def test_bad_requests_name_the_model_and_the_field(engine: flowserve.Engine) -> None:

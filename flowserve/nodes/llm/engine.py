@@ -17,10 +17,9 @@ from typing import Any, Protocol
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """What one request asks of the sampler. ``temperature`` 0 is greedy; ``top_k`` 0 is off;
-    ``seed`` is per request where the engine allows it (vLLM; the transformers engine has one
-    random generator for its whole running batch, seeded by model.json 'seed': a request's seed
-    is ignored there, best effort as in OpenAI's API); ``logprobs``: return each token's
-    log-probability."""
+    ``seed``: the request draws from its own random generator, so the same prompt and seed give
+    the same tokens whatever else runs in the batch (both engines); ``logprobs``: return each
+    token's log-probability."""
 
     max_tokens: int = 16
     temperature: float = 1.0

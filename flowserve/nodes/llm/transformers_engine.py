@@ -4,11 +4,17 @@
 The manager runs its own generation thread; requests join and leave its running batch at
 every step. Each request's outputs come back through a result handler that the manager calls on
 the event loop (``call_soon_threadsafe``), so nothing here blocks the loop or polls. Sampling
-parameters are per request (``per_request_processors``): temperature, top-p and top-k; a
-temperature of 0 is greedy (top-k 1). The seed is the engine's (``seed`` in model.json): the
-running batch shares one random generator, so this engine has no per-request seed. Token
+is per request and flowserve's own (:mod:`flowserve.nodes.llm.sampler`, in place of the
+model runner's sampling step): temperature, top-p and top-k, a temperature of 0 (or top-k 1) is
+greedy and costs an argmax, and a request's ``seed`` gives it its own random generator;
+unseeded requests share the engine's (seeded by ``seed`` in model.json). Token
 log-probabilities are those of the distribution the token was drawn from (after the request's
 temperature, top-k and top-p: 0 for a greedy token).
+
+KV-cache use is reported as vLLM reports it: blocks held by sequences in the engine. A finished or
+cancelled sequence's complete blocks stay in transformers' prefix cache, evictable (handed out
+again as soon as a sequence needs them, or shared by a later prompt with the same prefix): they
+count as free, as vLLM's evictable cached blocks do.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
 from flowserve.nodes.backends._support import require
 from flowserve.nodes.llm.engine import EngineLoad, Sampling, Tokenizer, Tokens
 from flowserve.nodes.llm.params import EngineConfig
+from flowserve.nodes.llm.sampler import RowSampler, row_for
 
 log = logging.getLogger("flowserve.llm")
 
@@ -46,6 +53,9 @@ class TransformersEngine:
         self.tokenizer: Tokenizer = _NoTokenizer()
         self._manager: Any = None
         self._model: Any = None
+        self._sampler: RowSampler | None = None
+        self._torch: Any = None
+        self.device = "cpu"
         self.vocab_size = 0
         self.eos: list[int] = []
 
@@ -80,11 +90,13 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.eos = _eos_ids(model, tokenizer)
-        # log-probabilities cost a gather and a log per step (the softmax is there for sampling)
+        # no logits processors: flowserve's sampler replaces the runner's sampling step, which
+        # runs in Python at every step (hence no CUDA graphs, and one batch in flight at a time)
         cb_args: dict[str, Any] = {
-            "per_request_processors": True,
             "seed": args.get("seed"),
             "return_logprobs": True,
+            "use_cuda_graph": False,
+            "use_async_batching": False,
         }
         if device == "cpu":
             page = int(args.get("page_size", CPU_PAGE_SIZE))
@@ -98,17 +110,28 @@ class TransformersEngine:
         for key in ("page_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch"):
             if key in args:
                 cb_args[key] = int(args[key])
-        # the base config only decides which per-request processors exist: every request then
-        # passes its own temperature, top_p and top_k (values here must not be neutral, or the
-        # processor is not created)
         generation = transformers.GenerationConfig(
-            do_sample=True, temperature=0.5, top_p=0.5, top_k=2, eos_token_id=self.eos or None
+            do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=self.eos or None
         )
         manager = model.init_continuous_batching(
             generation_config=generation,
             continuous_batching_config=cb_config_class(**cb_args),
         )
+        if manager.logit_processor.do_processing:
+            raise InternalError(
+                f"model '{self.model_name}': transformers added logits processors "
+                f"({manager.logit_processor.logits_processor}); flowserve's sampler expects none"
+            )
+        # the batch processor the generation thread will use (created here, as warmup() does),
+        # with flowserve's sampler in place of the model runner's sampling step
+        processor = manager._create_batch_processor()
+        manager.batch_processor = processor
+        sampler = RowSampler(torch, processor.inputs_and_outputs)
+        processor.model_runner._sample = sampler
         manager.start()
+        self._torch = torch
+        self.device = device
+        self._sampler = sampler
         self._model = model
         self._manager = manager
 
@@ -126,16 +149,10 @@ class TransformersEngine:
             return EngineLoad()
         try:
             scheduler = processor.scheduler
-            used = 1.0 - float(processor.cache.compute_free_capacity())
+            used = 1.0 - kv_free_fraction(processor.cache)
             return EngineLoad(len(scheduler.active_requests), len(scheduler.waiting_requests), used)
         except Exception:  # read from another thread while it changes: skip this reading
             return EngineLoad()
-
-    def _sampler_kwargs(self, s: Sampling) -> dict[str, Any]:
-        if s.temperature == 0:
-            return {"temperature": 1.0, "top_p": 1.0, "top_k": 1}
-        top_k = s.top_k if s.top_k > 0 else self.vocab_size
-        return {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(top_k)}
 
     async def generate(
         self, request_id: str, prompt: Sequence[int], sampling: Sampling
@@ -150,6 +167,8 @@ class TransformersEngine:
             raise InvalidArgument(f"model '{self.model_name}': the prompt is empty (no tokens)")
         outputs: asyncio.Queue[Any] = asyncio.Queue()
         manager.register_result_handler(request_id, outputs.put_nowait)
+        rows = self._sampler.rows if self._sampler is not None else {}
+        rows[request_id] = row_for(self._torch, sampling, self.device)
         finished = False
         try:
             added = manager.add_request(
@@ -158,7 +177,6 @@ class TransformersEngine:
                 max_new_tokens=sampling.max_tokens,
                 streaming=True,
                 eos_token_id=-1 if sampling.ignore_eos else None,
-                **self._sampler_kwargs(sampling),
             )
             if added is None:
                 raise Unavailable(f"model '{self.model_name}': the engine is not accepting requests")
@@ -180,11 +198,23 @@ class TransformersEngine:
                 probs = out.logprobs[first : first + len(new)] if logprobs else None
                 yield Tokens(new, finished, reason, probs)
         finally:
+            rows.pop(request_id, None)
             if not finished:  # cancelled: its sequence and KV blocks go at the next step
                 manager.cancel_request(request_id)
                 router = manager.output_router
                 with router._lock:
                     router.result_handlers.pop(request_id, None)
+
+
+def kv_free_fraction(cache: Any) -> float:
+    """The share of the paged cache that a new sequence can have: free blocks and sectors, and the
+    evictable cached blocks (complete blocks of ended sequences that no sequence holds; the
+    scheduler evicts them when it needs room), as vLLM counts its free block queue."""
+    free = float(cache.compute_free_capacity(relative=False))
+    for allocator in cache.cache_allocators.values():
+        free += len(allocator.ledger.cached_blocks) * allocator.bytes_per_block
+    total = cache.num_sectors * cache.bytes_per_sector
+    return min(free / total, 1.0) if total else 1.0
 
 
 def _dtype(torch: Any, name: Any, device: str) -> Any:
