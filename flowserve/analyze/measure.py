@@ -30,13 +30,10 @@ class LoadPlan:
     repeats: int = 1  # windows per level; the level reads their medians (steadier on a busy machine)
 
 
-def node_stats(
-    before: list[dict[str, Any]], after: list[dict[str, Any]], rename: str = ""
-) -> tuple[NodeStat, ...]:
+def node_stats(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> tuple[NodeStat, ...]:
     """What the nodes did between two snapshots: averages per call over the calls in between
     (a node without a batcher has no queue and compute figures: its whole time in the node
-    counts as computing). ``rename``: the name of a one-node model's node (its page calls the
-    node otherwise)."""
+    counts as computing)."""
     earlier = {n["name"]: n for n in before}
     out = []
     for node in after:
@@ -54,7 +51,7 @@ def node_stats(
 
         rows = int(node.get("inference_count", 0)) - int(old.get("inference_count", 0))
         runs = int(node.get("execution_count", 0)) - int(old.get("execution_count", 0))
-        name = rename if rename and len(after) == 1 else str(node["name"])
+        name = str(node["name"])
         queue, compute = spent("queue_us"), spent("compute_us")
         if queue == 0 and compute == 0:  # a node with no batcher counts only its time inside
             compute = spent("avg_us")
@@ -66,7 +63,6 @@ def measurer(
     server: AnalysisServer, goal: Goal, plan: LoadPlan, log: Callable[[str], None] = lambda _: None
 ) -> Callable[[Candidate], list[Point]]:
     """The search's ``measure``: apply, then the ladder."""
-    rename = server.target.name if server.target.kind == "model" else ""
 
     def measure(candidate: Candidate) -> list[Point]:
         server.apply(candidate)
@@ -94,7 +90,7 @@ def measurer(
                 statistics.median(r.p50_ms for r in results),
                 statistics.median(r.p99_ms for r in results),
                 sum(r.errors + (0 if r.requests else 1) for r in results),
-                node_stats(before, server.stats(), rename),
+                node_stats(before, server.stats()),
             )
             points.append(point)
             log(f"    c={concurrency}: {point.throughput:.0f} infer/s, p99 {point.p99_ms:.2f} ms")

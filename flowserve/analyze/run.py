@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from flowserve.analyze.measure import LoadPlan, measurer
 from flowserve.analyze.report import Report, html_page, text
 from flowserve.analyze.search import Budget, Goal, MeasureError, Trial, brute, guided
 from flowserve.analyze.server import AnalysisServer
 from flowserve.analyze.space import Candidate
-from flowserve.analyze.target import Target, resolve, space_of, write_chosen
+from flowserve.analyze.target import Target, resolve, served_configs, space_of, write_chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +61,11 @@ def search(options: AnalyzeOptions, log: Callable[[str], None]) -> tuple[Report,
     budget = Budget(options.budget_s, time.monotonic)
     try:
         log(f"analyzing {target.kind} '{target.name}' ({target.original}); work folder {work}")
-        if target.kind == "graph":
-            _, shipped = space_of(target, {}, options.max_instances, options.max_workers)
-            server.start(shipped)
-            models = {
-                n.get("model")
-                for n in (target.document or {}).get("nodes", {}).values()
-                if isinstance(n, dict)
-            }
-            configs = {str(m): server.config(str(m)) for m in models if m}
-        else:
-            server.start(Candidate(1, ()))  # a model starts as shipped; candidates are overrides
-            configs = {}
+        server.start(Candidate(1, ()))  # everything as shipped
+        names = target.models if target.kind == "graph" else [target.name]
+        configs = served_configs(names, lambda name: _config(server, name, log))
         space, shipped = space_of(target, configs, options.max_instances, options.max_workers)
+        server.know_shipped(shipped)
         tunable = ", ".join(f"{n.name} ({n.kind})" for n in space.nodes) or "none"
         minutes = options.budget_s / 60
         log(f"tunable nodes: {tunable}; workers up to {space.max_workers}; budget {minutes:g} min")
@@ -87,6 +80,14 @@ def search(options: AnalyzeOptions, log: Callable[[str], None]) -> tuple[Report,
     return Report(target.name, goal, trials, shipped), target
 
 
+def _config(server: AnalysisServer, name: str, log: Callable[[str], None]) -> dict[str, Any] | None:
+    try:
+        return server.config(name)
+    except MeasureError as exc:
+        log(f"model '{name}' is not tuned: its config could not be read: {exc}")
+        return None
+
+
 def analyze(options: AnalyzeOptions, log: Callable[[str], None]) -> int:
     report, target = search(options, log)
     print(text(report))
@@ -96,8 +97,11 @@ def analyze(options: AnalyzeOptions, log: Callable[[str], None]) -> int:
     print(f"\nreport: {page} (and {page.with_suffix('.json')})")
     chosen = report.chosen
     if options.write and chosen is not None:
-        out = write_chosen(target, chosen.candidate, f"flowserve analyze: {report.reason()}")
-        print(f"wrote {out}")
+        written = write_chosen(target, chosen.candidate, f"flowserve analyze: {report.reason()}")
+        for out in written:
+            print(f"wrote {out}")
+        if not written:
+            print("nothing written: the chosen configuration is the shipped one")
     return 0 if chosen is not None else 1
 
 

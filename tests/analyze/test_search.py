@@ -50,10 +50,11 @@ def fake(clock: FakeClock, seconds: float = 10.0, broken: Candidate | None = Non
         for c in (1, 2, 4, 8, 16, 32):
             stats, capacity = [], []
             for name, config in candidate.nodes:
-                fixed, per_row = COST[name]
+                fixed, per_row = COST[name.rpartition("/")[2].removeprefix("model:")]
                 rows = min(config.max_batch_size, c) if config.max_batch_size else 1
                 execution = fixed + per_row * rows + config.delay_us * 0.5 * (rows < c)
-                parallel = min(config.instances, 2) * candidate.workers if name == "slow" else 1
+                slow = name.endswith("slow")  # slow, inner/slow, model:slow
+                parallel = min(config.instances, 2) * candidate.workers if slow else 1
                 capacity.append(1e6 * rows * parallel / execution)
                 stats.append((name, execution, rows))
             single = sum(e for _, e, _ in stats) / 1e6
@@ -168,3 +169,26 @@ def test_describe_names_only_what_changed(count: int) -> None:
     changed = SHIPPED.with_node("pre", NodeConfig(instances=count))
     assert changed.describe(SHIPPED) == ("as shipped" if count == 1 else "pre: 3 inst, no batching")
     assert "workers=1" in changed.describe()
+
+
+def test_a_sub_graph_s_node_and_a_model_s_own_settings_are_searched_bottleneck_first() -> None:
+    """A graph whose 'pre' node runs in a sub-graph and whose slow step is a repository model
+    (tuned by its instances and dynamic batching, 'model:slow', beside the node calling it)."""
+    space = Space(
+        (
+            NodeSpace("inner/pre", "python", 64, 4),
+            NodeSpace("model:slow", "model", 8, 4),
+            NodeSpace("post", "python", 64, 4),
+        ),
+        max_workers=1,
+    )
+    shipped = Candidate(1, tuple((n.name, NodeConfig()) for n in space.nodes))
+    clock = FakeClock()
+    goal = Goal(p99_ms=20.0)
+    trials = guided(shipped, space, goal, fake(clock), Budget(300.0, clock))
+    assert trials[1].why == "model:slow: batch up to 8 rows"  # the bottleneck first
+    chosen = choose(trials, goal)
+    assert chosen is not None and chosen.candidate.node("model:slow").max_batch_size == 8
+    assert chosen.candidate.node("model:slow").instances == 2  # the model's own instance count
+    assert chosen.score >= 3 * trials[0].score
+    assert any(t.why.startswith("inner/pre: ") for t in trials)  # the sub-graph's node is searched too
