@@ -4,7 +4,8 @@ Starts its own server (explicit model control, free ports on 127.0.0.1), applies
 candidate configuration through the load API (a restart only for ``--workers``), measures it
 with ``flowserve bench`` at rising concurrency and reads the per-node statistics to choose the
 next step (the bottleneck node first). A top-level tool like the CLI: the server never imports
-it. Layout: space (knobs and steps), search (pure), target (files), server, measure, report, run.
+it. Layout: space (knobs and steps), search (pure), target (files and names), textedit (edits
+that keep a file's comments), server, measure, report, run.
 """
 
 from flowserve.analyze.run import AnalyzeOptions, analyze, search
