@@ -968,7 +968,20 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def cpu_thread_defaults() -> None:
+    """OpenMP's threads (torch's intra-op pool on the CPU) wait for work passively unless the
+    user chose otherwise (``OMP_WAIT_POLICY``). Spinning is libgomp's default: its threads
+    busy-wait between parallel regions, and in a server they spin on the cores the event loop,
+    the other instances and any co-located client need. Measured on this project's 2-core
+    machine under load (benchmarks/README.md, "A served conv net"): raw torch 96-113 images/s
+    spinning against 743-1,021 passive, and the served conv net over system shm 105 against
+    932-948. Set here, before anything imports torch (libgomp reads it once, at load), and so
+    inherited by ``--workers``' processes and the servers ``analyze`` starts."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    cpu_thread_defaults()
     try:
         defaults = Settings.from_env()
     except InvalidArgument as exc:

@@ -1,10 +1,13 @@
-"""`flowserve validate` and `flowserve graph list` as a user runs them."""
+"""`flowserve validate` and `flowserve graph list` as a user runs them; the process defaults `main` sets."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,3 +84,14 @@ def test_graph_list() -> None:
     lines = dict(line.split("\t", 1) for line in result.stdout.splitlines())
     assert lines["route"].startswith("flowserve_graph\tgate(switch), shrink(python), keep(python)")
     assert lines["simple_ensemble"].startswith("ensemble\tsimple(model), simple_1(model)")
+
+
+def test_openmp_threads_wait_passively_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowserve.cli import cpu_thread_defaults
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cpu_thread_defaults()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    cpu_thread_defaults()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
