@@ -900,8 +900,9 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
     logs.add_argument(
         "--error-traceback", type=_flag, nargs="?", const=True, default=d.repository.error_traceback,
         metavar="BOOL",
-        help="a failing node's error response carries the traceback of its Python code (file:line; "
-        "the log always has it): for development, it shows the server's file paths to clients",
+        help="a failing node's error response (and a failed load request's) carries the traceback of "
+        "its Python code (file:line; the log always has it): for development, it shows the server's "
+        "file paths to clients",
     )  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 

@@ -133,6 +133,9 @@ class Repository:
         self._overrides: Path | None = None
         self._poller: asyncio.Task[None] | None = None
         self._reload_failures: dict[str, str] = {}
+        # with error_traceback: the user's traceback of the last failed load of a name, for the
+        # load API's error answer (the log always has it)
+        self._load_tracebacks: dict[str, str] = {}
         # graph -> {file: digest} of the python nodes' own code it loaded (nodes/code.py): poll
         # mode reloads a graph whose code changed
         self.code: dict[str, dict[str, str]] = {}
@@ -286,14 +289,11 @@ class Repository:
             except Exception as exc:
                 for node in started:
                     await node.stop()
-                failed[str(version)] = _text(exc)
-                log.error(
-                    "failed to load '%s' version %s: %s%s",
-                    name,
-                    version,
-                    failed[str(version)],
-                    _traceback(exc),
-                )
+                reason = failed[str(version)] = _text(exc)
+                traceback = _traceback(exc)
+                log.error("failed to load '%s' version %s: %s%s", name, version, reason, traceback)
+                if self.settings.error_traceback and traceback:
+                    self._load_tracebacks[name] = traceback
                 continue
             finally:
                 progress.stop()
@@ -370,6 +370,7 @@ class Repository:
         serving; the old versions finish their in-flight requests before they stop."""
         async with self._lock:
             self._reload_failures.pop(name, None)
+            self._load_tracebacks.pop(name, None)
             if config_json is None and not files:
                 await self.remote.sync(settle=True)
                 scan = await self._load_from_scan({name})
@@ -378,13 +379,16 @@ class Repository:
             else:
                 await self._load_override(name, config_json, files)
         reload_failure = self._reload_failures.pop(name, None)
+        traceback = self._load_tracebacks.pop(name, "")  # only with error_traceback
         if reload_failure is not None:
             raise InvalidArgument(
-                f"failed to load '{name}': {reload_failure} (the loaded version keeps serving)"
+                f"failed to load '{name}': {reload_failure} (the loaded version keeps serving){traceback}"
             )
         if not self.registry.has(name):
             reasons = [s.reason for s in self.registry.index() if s.name == name and s.reason]
-            raise InvalidArgument(f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}")
+            raise InvalidArgument(
+                f"failed to load '{name}': {'; '.join(reasons) or 'no version loaded'}{traceback}"
+            )
 
     async def _load_override(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flowserve.core.errors import FlowserveError, NodeError, code_location, code_traceback
+from flowserve.core.errors import FlowserveError, InvalidArgument, NodeError, code_location, code_traceback
 from flowserve.dataplane.engine import Engine
 from flowserve.repository.settings import RepositorySettings
 
@@ -176,5 +176,33 @@ async def test_a_misspelled_class_gets_a_did_you_mean(tmp_path: Path) -> None:
     try:
         status = next(s for s in engine.registry.index() if s.name == "g")
         assert f"module '{module}' has no attribute 'Pre' (did you mean 'Prep'?)" in status.reason
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("error_traceback", [False, True])
+async def test_the_load_api_answer_has_the_traceback_only_with_error_traceback(
+    tmp_path: Path, error_traceback: bool
+) -> None:
+    code = """
+        class Pre:
+            def initialize(self, config):
+                raise RuntimeError("no weights")
+
+            def execute(self, inputs):
+                return inputs
+    """
+    graphs, module = project(tmp_path, code)
+    engine = await Engine.start(graphs=graphs, settings=RepositorySettings(error_traceback=error_traceback))
+    try:
+        with pytest.raises(InvalidArgument) as err:
+            await engine.repository.load_model("g")
+        first = err.value.message.split("\n", 1)[0]
+        assert first == (
+            f"failed to load 'g': node 'pre' failed to start: RuntimeError: no weights (at {tmp_path / module}.py:4)"
+        )
+        assert ("Traceback (most recent call last):" in err.value.message) is error_traceback
+        if error_traceback:
+            assert f'{module}.py", line 4, in initialize' in err.value.message
     finally:
         await engine.stop()
