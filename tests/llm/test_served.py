@@ -287,3 +287,33 @@ async def test_embeddings_over_a_graph_that_outputs_a_vector(served: Served) -> 
     with pytest.raises(openai.BadRequestError) as bad:  # a generation model has no vector output
         await client(served).embeddings.create(model="tiny", input="hello")
     assert "model 'tiny'" in bad.value.message
+
+
+async def test_a_streaming_client_that_goes_away_frees_its_sequence(served: Served) -> None:
+    node = served.plane.engine.registry.get("tiny", "").executor.nodes[0]
+    aborted = node.metrics.success["abort"].value()
+    body = json.dumps(
+        {"model": "tiny", "prompt": "hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port("OpenAI"))
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    events = 0
+    while events < 3:
+        line = await asyncio.wait_for(reader.readline(), 30)
+        events += line.startswith(b"data: ")
+    assert node.engine.load().running == 1
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(500):
+        load = node.engine.load()
+        if node.active == 0 and load.running == 0:
+            break
+        await asyncio.sleep(0.01)
+    # the sequence was cancelled (not run to its 400 tokens), and its KV blocks are free
+    assert node.metrics.success["abort"].value() == aborted + 1
+    assert (node.active, load.running, load.waiting, load.kv_cache_usage) == (0, 0, 0, 0.0)

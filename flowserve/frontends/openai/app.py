@@ -113,20 +113,25 @@ class OpenAIApp:
     async def stream(self, req: tr.Completion, receive: Receive, send: Send) -> None:
         inputs = self._inputs(req.model)
         tr.plane_request(req, inputs)  # refuse a model that cannot serve it before the 200
+        # one queue for the choices' pieces, their ends (None), errors and the client's going away
         chunks: asyncio.Queue[tuple[int, tr.Piece | None] | BaseException | None] = asyncio.Queue()
         choices = [tr.Choice() for _ in range(req.n)]
 
         async def run(index: int) -> None:
             try:
                 async for p in self._choice(req, inputs):
-                    await chunks.put((index, p))
+                    chunks.put_nowait((index, p))
             except Exception as exc:
-                await chunks.put(exc)
+                chunks.put_nowait(exc)
             finally:
-                await chunks.put(None)
+                chunks.put_nowait(None)
+
+        async def watch_client() -> None:
+            await _wait_disconnect(receive)
+            chunks.put_nowait(_Disconnected())
 
         tasks = [asyncio.ensure_future(run(i)) for i in range(req.n)]
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        watch = asyncio.ensure_future(watch_client())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
             if req.chat:
@@ -134,12 +139,9 @@ class OpenAIApp:
                     await _event(send, tr.chunk_object(req, i, None, first=True))
             running = req.n
             while running:
-                getter = asyncio.ensure_future(chunks.get())
-                done, _ = await asyncio.wait((getter, watch), return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
+                item = await chunks.get()
+                if isinstance(item, _Disconnected):
                     return  # the client went away: the finally cancels the work
-                item = getter.result()
                 if item is None:
                     running -= 1
                 elif isinstance(item, BaseException):
