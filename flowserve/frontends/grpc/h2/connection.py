@@ -801,9 +801,35 @@ class Connection(Sender, asyncio.BufferedProtocol):
 
     def _data(self, flags: int, sid: int, payload: Piece) -> None:
         """A whole DATA frame (one that arrives in pieces: ``_frames``)."""
+        size = len(payload)
+        if flags == END_STREAM and 5 <= size < SMALL:
+            # the common small unary request: its one message whole in its one frame, the
+            # stream waiting for it. Parsed from the frame as it lies in the read (no copy into
+            # the stream's buffer, no budget: under SMALL), the call started at once
+            stream = self.streams.get(sid)
+            if (
+                stream is not None
+                and stream.declared < 0
+                and stream.queue is None
+                and not stream.remote_closed
+                and not stream.data
+                and stream.task is None
+                and stream.trailers is None
+                and self.recv_unacked + size <= CONNECTION_WINDOW
+                and stream.unacked + size <= STREAM_WINDOW
+                and int.from_bytes(payload[1:5], "big") == size - 5
+                and size - 5 <= self.server.max_message
+            ):
+                self.recv_unacked += size
+                stream.unacked += size
+                stream.declared = size - 5
+                stream.remote_closed = True
+                if self.recv_unacked >= CONNECTION_WINDOW // 2:
+                    self._ack_connection()
+                self._start_unary(stream, self._message(stream, payload[0], cast(memoryview, payload)[5:]))
+                return
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
-        size = len(payload)
         if flags & PADDED and (not size or payload[0] >= size):
             raise H2Error(PROTOCOL_ERROR, "bad padding")
         stream = self._data_begin(sid, size)
@@ -1093,6 +1119,10 @@ class Connection(Sender, asyncio.BufferedProtocol):
             request = self._message(stream, data[0], memoryview(data)[5:])
         if stream.held:
             self._give(stream)
+        self._start_unary(stream, request)
+
+    def _start_unary(self, stream: Stream, request: Any) -> None:
+        """Run a unary call on its parsed request (None: it was answered instead)."""
         if request is None:
             return
         unary = stream.method.unary
@@ -1240,7 +1270,7 @@ class Connection(Sender, asyncio.BufferedProtocol):
             return
         self.blocked.pop(stream.sid, None)
         self._wake(stream)
-        if stream.out:
+        if stream.out.size:
             self._unqueue(stream)
         if stream.header_size:
             self.header_bytes -= stream.header_size

@@ -148,6 +148,33 @@ class Sender:
 
     def _send(self, stream: Stream, message: bytes, trailers: bytes | None) -> None:
         """One response message, then (if given) the trailers ending the call."""
+        n = len(message)
+        size = n + 5
+        if (
+            size < SCATTER_FROM
+            and not stream.out.size
+            and stream.reply_encoding is None
+            and size <= stream.send_window
+            and size <= self.send_window
+            and size <= self.peer_max_frame
+        ):
+            # the common small answer: nothing queued before it and the windows have room, so
+            # it leaves at once as one DATA frame, in one write with its HEADERS and trailers
+            sid = stream.sid
+            stream.send_window -= size
+            self.send_window -= size
+            self.flushes += 1  # earns the WINDOW_UPDATEs that answer it
+            data = FRAME_HEAD.pack(0, size, DATA, 0, sid) + b"\x00" + n.to_bytes(4, "big") + message
+            if not stream.headers_sent:
+                stream.headers_sent = True
+                data = frame(HEADERS, END_HEADERS, sid, RESPONSE_HEADERS) + data
+            if trailers is None:
+                self._write(data)
+                return
+            stream.trailers = trailers
+            self._write(data + frame(HEADERS, END_HEADERS | END_STREAM, sid, trailers))
+            self._close(stream)
+            return
         flag = b"\x00"
         coding = self._response_headers(stream)
         compression = self.server.compression
@@ -203,7 +230,7 @@ class Sender:
         block = status_block(code, message)
         if not stream.headers_sent:
             stream.headers_sent = True
-            if stream.out:
+            if stream.out.size:
                 self._unqueue(stream)
             stream.trailers = b""
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.sid, RESPONSE_HEADERS + block))
