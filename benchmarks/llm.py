@@ -16,9 +16,9 @@ servers load that directory). The servers, each in its own process group on 127.
 - **transformers serve** (HF's own OpenAI server, ``transformers serve --continuous-batching``),
   the same engine with the same KV-cache settings (block size, blocks, tokens per batch);
   with ``--engine vllm`` the reference is ``vllm serve`` instead;
-- **generate loop**: ``model.generate()`` one request after the other in this process (no HTTP),
-  measured once per repeat; its TTFT at concurrency C is that of a closed loop of C clients in
-  front of it (a request waits for the C-1 before it).
+- **generate loop**: ``model.generate()`` one request after the other in a process of its own (no
+  HTTP), measured at every level right after the servers; its TTFT at concurrency C is that of a
+  closed loop of C clients in front of it (a request waits for the C-1 before it).
 
 The load: C clients in a closed loop, each sends streaming ``/v1/completions`` requests (greedy,
 ``max_tokens`` output tokens with end-of-sequence ignored so every side generates the same
@@ -339,6 +339,11 @@ for prompt in prompts:
 """
 
 
+# distinct prompts the generate loop runs per level (a closed loop of C clients in front of it
+# reuses them in turn)
+LOOP_PROMPTS = 8
+
+
 def generate_loop(model_dir: Path, prompts: list[str], max_tokens: int, threads: int) -> list[Result]:
     """``generate()`` one prompt after the other, in a process of its own (as a server would be)."""
     done = subprocess.run(
@@ -405,27 +410,26 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def requests_at(args: argparse.Namespace, concurrency: int) -> int:
-    return max(concurrency * args.rounds, 4)
+    return max(concurrency * int(args.rounds), 4)
 
 
 def run_all(args: argparse.Namespace, model_dir: Path, sides: list[Side]) -> list[dict[str, Any]]:
+    """Every level of every repeat: the servers back to back (their order alternating), then the
+    generate loop right after them (so each level's ratios to the loop come from the same few
+    minutes of a shared machine's load). Each record carries the 1-minute load average at its end."""
     records: list[dict[str, Any]] = []
-    most = max(requests_at(args, c) for c in args.concurrency)
-    loop_prompts = [PROMPTS[k % len(PROMPTS)] for k in range(min(most, len(PROMPTS)))]
     for repeat in range(args.repeats):
         order = sides if repeat % 2 == 0 else sides[::-1]
         for concurrency in args.concurrency:
+            requests = requests_at(args, concurrency)
             for side in order:
-                row = asyncio.run(
-                    closed_loop(
-                        side, concurrency, requests_at(args, concurrency), args.max_tokens, args.engine
-                    )
-                )
-                records.append({"repeat": repeat, **row})
+                row = asyncio.run(closed_loop(side, concurrency, requests, args.max_tokens, args.engine))
+                records.append({"repeat": repeat, **row, "load1": round(os.getloadavg()[0], 2)})
                 print(json.dumps(records[-1]), flush=True)
-        runs = generate_loop(model_dir, loop_prompts, args.max_tokens, args.threads)
-        for concurrency in args.concurrency:
-            records.append({"repeat": repeat, **loop_at(runs, concurrency, requests_at(args, concurrency))})
+            prompts = [PROMPTS[k % len(PROMPTS)] for k in range(min(requests, LOOP_PROMPTS))]
+            runs = generate_loop(model_dir, prompts, args.max_tokens, args.threads)
+            row = loop_at(runs, concurrency, requests)
+            records.append({"repeat": repeat, **row, "load1": round(os.getloadavg()[0], 2)})
             print(json.dumps(records[-1]), flush=True)
     return records
 

@@ -33,7 +33,7 @@ def build_tiny_model(path: Path, layers: int = 2, hidden: int = 64, vocab: int =
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(CORPUS * 20, trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     tokenizer.chat_template = CHAT_TEMPLATE
