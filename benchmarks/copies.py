@@ -15,9 +15,11 @@ Three identity-like Python models (in-process on flowserve): ``identity`` (FP32 
 tensor out), ``sink`` (FP32 in, one element out: the request direction alone) and ``source``
 (the element count in, that many FP32 out: the response direction alone). For each protocol a
 few requests warm up, then ``--requests`` are counted; reported per request: bytes copied /
-payload bytes ("copies"), per direction, with the range over ``--repeats``.
+payload bytes ("copies"), per direction, with the range over ``--repeats``. ``stream`` is gRPC's
+bidirectional ModelStreamInfer (tritonclient's ``async_stream_infer``, one request at a time on
+one stream).
 
-    python benchmarks/copies.py                    # 16 MiB, HTTP, gRPC, system shm over gRPC
+    python benchmarks/copies.py                    # 16 MiB, HTTP, gRPC, system shm, gRPC stream
     python benchmarks/copies.py --size 1M --tree /tmp/base-c   # another flowserve tree as well
 
 Writes benchmarks/results/copies.json.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -48,7 +51,7 @@ from servers import Server, ServerGroup, flowserve_command, free_port, sigterm_a
 WORK = HERE / ".work" / "copies"
 RESULTS = HERE / "results"
 SIZES = {"64K": 64 * 1024, "1M": 1024**2, "16M": 16 * 1024**2, "64M": 64 * 1024**2}
-PROTOCOLS = ("http", "grpc", "shm")
+PROTOCOLS = ("http", "grpc", "shm", "stream")
 
 SHIM = r"""
 #define _GNU_SOURCE
@@ -211,6 +214,9 @@ class Client:
             import tritonclient.grpc as module
         self.module: Any = module
         self.client: Any = module.InferenceServerClient(server.url("http" if protocol == "http" else "grpc"))
+        if protocol == "stream":
+            self.results: queue.Queue[Any] = queue.Queue()
+            self.client.start_stream(callback=lambda result, error: self.results.put(error or result))
         if protocol == "shm":
             import tritonclient.utils.shared_memory as shm
 
@@ -236,13 +242,21 @@ class Client:
             tensor.set_data_from_numpy(data)
         if self.protocol == "shm" and out_size >= 1024:
             wanted.set_shared_memory("copies_out", out_size)
-        result = self.client.infer(model, [tensor], outputs=[wanted])
+        if self.protocol == "stream":
+            self.client.async_stream_infer(model, [tensor], outputs=[wanted])
+            result = self.results.get(timeout=300)
+            if isinstance(result, Exception):
+                raise RuntimeError(f"stream {model}: {result}")
+        else:
+            result = self.client.infer(model, [tensor], outputs=[wanted])
         if self.protocol == "shm" and out_size >= 1024:
             shape = list(result.get_output("OUTPUT0").shape)
             return np.asarray(self.shm.get_contents_as_numpy(self.regions[1], np.float32, shape))
         return np.asarray(result.as_numpy("OUTPUT0"))
 
     def close(self) -> None:
+        if self.protocol == "stream":
+            self.client.stop_stream()
         if self.protocol == "shm":
             self.client.unregister_system_shared_memory()
             for handle in self.regions:

@@ -110,7 +110,7 @@ def trailers(frames: Iterable[Frame], sid: int) -> dict[str, str]:
     fields: dict[str, str] = {}
     for f in frames:
         if f.type == HEADERS and f.sid == sid:
-            fields.update(hpack.Decoder().decode(f.payload))
+            fields.update((str(name), str(value)) for name, value in hpack.Decoder().decode(f.payload))
     return fields
 
 

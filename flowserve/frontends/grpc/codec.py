@@ -371,6 +371,36 @@ class WireResponse(Scattered):
         return b"".join(self.wire_parts()[0])
 
 
+_STREAM_INFER_TAG = bytes(
+    [pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number << 3 | 2]
+)
+
+
+class StreamWireResponse(Scattered):
+    """A ModelStreamInferResponse whose ``infer_response`` is a :class:`WireResponse` (its
+    ``error_message`` empty): the field's tag and length, then the inner message's pieces, so
+    a streaming call's large outputs are written from their own buffers as a unary call's are.
+    Only the native transport takes it (``InferenceServicer(wire_tail=True)``)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: WireResponse) -> None:
+        self.inner = inner
+
+    @property
+    def infer_response(self) -> Any:
+        """The inner message's head (what is not raw output), e.g. to read its parameters."""
+        return self.inner.head
+
+    def wire_parts(self) -> tuple[list[Piece], int]:
+        parts, size = self.inner.wire_parts()
+        head = _STREAM_INFER_TAG + _varint(size)
+        return [head, *parts], len(head) + size
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        return b"".join(self.wire_parts()[0])
+
+
 def encode_response_wire(
     response: InferResponse,
     shm: SharedMemoryRegistry,

@@ -27,6 +27,8 @@ from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.grpc import messages
 from flowserve.frontends.grpc.codec import (
     ShmTarget,
+    StreamWireResponse,
+    WireResponse,
     decode_request,
     encode_response,
     encode_response_wire,
@@ -199,7 +201,12 @@ class InferenceServicer:
             final_flag = request.parameters.get(EMPTY_FINAL) is True
             decoupled = final_flag and self._decoupled(request)
             async for response in self._plane.stream(request):
-                encoded = await self._encode_off_loop(response, targets)
+                encoded = await self._encode_off_loop(response, targets, self._encode)
+                if isinstance(encoded, WireResponse):  # large outputs: written from their buffers
+                    if final_flag:
+                        encoded.head.parameters[FINAL].bool_param = not decoupled
+                    await out.put(StreamWireResponse(encoded))
+                    continue
                 if final_flag:
                     encoded.parameters[FINAL].bool_param = not decoupled
                 await out.put(pb.ModelStreamInferResponse(infer_response=encoded))

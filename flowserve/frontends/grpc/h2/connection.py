@@ -353,6 +353,8 @@ class Connection(Sender, asyncio.BufferedProtocol):
         into = stream.into
         self.expect = stream if into is not None and stream.filled < len(into) else None
         self._ack_connection()
+        if into is not None and stream.queue is not None and stream.filled == len(into):
+            self._into_done(stream)  # a streaming call's message: queued (the frame may go on)
         if not self.frame_left:
             self.frame_stream = None
             self._data_end(stream, self.frame_flags, 0)
@@ -497,7 +499,7 @@ class Connection(Sender, asyncio.BufferedProtocol):
             if stream.queue is None:
                 waiting = stream.task is None
             else:
-                waiting = bool(stream.data) and self._reader_keeps_up(stream)
+                waiting = (bool(stream.data) or stream.into is not None) and self._reader_keeps_up(stream)
             if waiting:
                 timeout = self.server.body_timeout_s
                 message = f"the request message made no progress for {timeout:g} s (--grpc-body-timeout-secs)"
@@ -881,16 +883,28 @@ class Connection(Sender, asyncio.BufferedProtocol):
         stream.stamp = self.server.tick  # progress (see Http2GrpcServer.body_timeout_s)
         self.buffered += n
         into = stream.into
-        if into is not None:  # a large unary message, into the buffer made for it
+        if into is not None:  # a large message, into the buffer made for it
             filled = stream.filled
-            if filled + n > len(into):
+            room = len(into) - filled
+            if n <= room:
+                into[filled : filled + n] = piece
+                stream.filled = filled + n
+                self._ack_connection()
+                if n == room and stream.queue is not None:
+                    self._into_done(stream)
+                    return self.streams.get(stream.sid) is stream
+                return True
+            if stream.queue is None:  # a unary call: more than one message
                 self._ack_connection()
                 self._finish(stream, grpc.StatusCode.INTERNAL, ONE_MESSAGE)
                 return False
-            into[filled : filled + n] = piece
-            stream.filled = filled + n
+            # a streaming call: the message ends in this piece, the next one begins
+            into[filled:] = piece[:room]
+            stream.filled = len(into)
             self._ack_connection()
-            return True
+            if not self._into_done(stream) and self.streams.get(stream.sid) is not stream:
+                return False
+            piece = piece[room:]
         stream.data += piece
         self._ack_connection()
         if stream.queue is not None:
@@ -926,6 +940,31 @@ class Connection(Sender, asyncio.BufferedProtocol):
         stream.into = into
         stream.filled = len(data)
         stream.data = bytearray()
+
+    def _into_done(self, stream: Stream) -> bool:
+        """A streaming call's large message is all in its own buffer: parsed from it (its raw
+        contents views of it) and queued for the servicer, as ``_split_messages`` queues one.
+        False: the call was answered instead (or is gone)."""
+        into = stream.into
+        assert into is not None and stream.queue is not None
+        size = len(into)
+        # parsed while still held as ``into``: a call that this ends gives its bytes back (_drop)
+        message = self._message(stream, into[0], into[5:])
+        if self.streams.get(stream.sid) is not stream:
+            return False
+        stream.into = None
+        stream.filled = 0
+        if self.expect is stream:
+            self.expect = None
+        if stream.held:
+            self._give(stream)
+        if message is None:  # answered (its trailers wait behind what it sent)
+            self._take_data(size)
+            return False
+        stream.queue.put_nowait(message)
+        stream.sizes.append(size)
+        stream.queued += size
+        return True
 
     def _data_end(self, stream: Stream, flags: int, padding: int) -> None:
         """The DATA frame for ``stream`` ended (``padding``: its bytes not delivered)."""
@@ -983,6 +1022,10 @@ class Connection(Sender, asyncio.BufferedProtocol):
             if len(data) - pos - 5 < length:
                 if length >= SMALL and not stream.held and not self._reserve(stream, length):
                     self._queued(stream, pos)
+                    return
+                if length >= SMALL:  # the rest of it straight into its own buffer
+                    self._queued(stream, pos)
+                    self._receive_into(stream, length)
                     return
                 break
             message = self._message(stream, data[pos], bytes(memoryview(data)[pos + 5 : pos + 5 + length]))
@@ -1094,7 +1137,7 @@ class Connection(Sender, asyncio.BufferedProtocol):
             return
         stream.remote_closed = True
         if stream.queue is not None:
-            if stream.data:
+            if stream.data or stream.into is not None:
                 self._finish(stream, grpc.StatusCode.INTERNAL, "truncated request message")
             stream.queue.put_nowait(EOF)
             return
@@ -1192,7 +1235,10 @@ class Connection(Sender, asyncio.BufferedProtocol):
                 async for response in call(self._requests(stream), context):
                     if stream.sid not in self.streams:
                         return
-                    self._send(stream, response.SerializeToString(), None)
+                    if isinstance(response, Scattered):  # large tensors: written from their buffers
+                        self._send_parts(stream, response, None)
+                    else:
+                        self._send(stream, response.SerializeToString(), None)
                     if (
                         len(stream.out) > SEND_AHEAD
                         or self.out_blocked > CONN_SEND_AHEAD
