@@ -23,7 +23,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from flowserve.dataplane.guard import ByteBudget
-from flowserve.frontends.grpc.codec import StreamWireResponse, ViewRequest, WireResponse, parse_request
+from flowserve.frontends.grpc.codec import (
+    StreamWireResponse,
+    ViewRequest,
+    WireResponse,
+    parse_request,
+    parses_quickly,
+)
 from flowserve.frontends.grpc.h2.connection import Connection
 from flowserve.frontends.grpc.h2.frames import (
     DATA,
@@ -422,3 +428,67 @@ def test_tritonclient_stream_of_large_tensors(server: Any) -> None:
         assert not isinstance(result, Exception), result
         assert result.get_response().id == str(i)
         assert np.array_equal(result.as_numpy("OUTPUT0").reshape(-1), data)
+
+
+# ------------------------------------------------------------------ large messages parsed on the loop
+
+
+def _large_call(port: int, payload: bytes) -> tuple[dict[str, str], bytes]:
+    with RawClient(port, timeout=20) as client:
+        client.handshake(SETTING.pack(INITIAL_WINDOW_SIZE, MAX_WINDOW))
+        client.send(frame(WINDOW_UPDATE, 0, 0, WINDOW.pack(MAX_WINDOW - 65_535)))
+        message = grpc_message(payload)
+        wire = frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo"))
+        for start in range(0, len(message), MiB):
+            last = start + MiB >= len(message)
+            wire += frame(DATA, END_STREAM if last else 0, 1, message[start : start + MiB])
+        client.send(wire)
+        client.until(HEADERS, sid=1, flags=END_STREAM, seconds=20)
+        frames = client.frames()
+        return trailers(frames, 1), b"".join(f.payload for f in frames if f.type == DATA)
+
+
+@pytest.mark.parametrize("quick", [None, True, False])
+async def test_a_large_message_is_parsed_in_a_thread_unless_its_method_says_it_parses_quickly(
+    monkeypatch: pytest.MonkeyPatch, quick: bool | None
+) -> None:
+    later = _count(monkeypatch, "_parse_later")
+    asked: list[int] = []
+
+    def inline(data: bytes | memoryview) -> bool:
+        asked.append(len(data))
+        return bool(quick)
+
+    method = Method(parse=bytes, unary=_echo, inline=None if quick is None else inline)
+    server = Http2GrpcServer({SERVICE + "echo": method}, max_message=64 * MiB)
+    await server.start("127.0.0.1", 0)
+    payload = np.random.default_rng(3).bytes(2 * MiB + 1)
+    try:
+        fields, body = await asyncio.to_thread(_large_call, server.port, payload)
+    finally:
+        await server.stop(0)
+    assert fields.get("grpc-status") == "0", fields
+    assert body == grpc_message(payload)
+    assert len(later) == (0 if quick else 1)
+    assert asked == ([] if quick is None else [len(payload)])
+
+
+def test_parses_quickly_when_what_protobuf_parses_is_small() -> None:
+    raw = pb.ModelInferRequest(model_name="m")
+    raw.inputs.add(name="IN", datatype="FP32", shape=[50_000])
+    raw.raw_input_contents.append(np.ones(50_000, np.float32).tobytes())
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="IN", datatype="BYTES", shape=[50_000]).contents.bytes_contents.extend(
+        [b"x"] * 50_000
+    )
+    many = pb.ModelInferRequest(model_name="m")
+    for i in range(5000):  # top-level fields past what the split walks
+        many.outputs.add(name=f"o{i}")
+    for message in (raw, typed, many):
+        data = message.SerializeToString()
+        assert parses_quickly(data, most=len(data))  # small enough: quick
+        assert parses_quickly(memoryview(data), most=len(data))
+    assert parses_quickly(raw.SerializeToString(), most=1000)  # its bytes are raw contents
+    assert parses_quickly(memoryview(bytearray(raw.SerializeToString())), most=1000)
+    assert not parses_quickly(typed.SerializeToString(), most=1000)  # 50,000 fields to parse
+    assert not parses_quickly(many.SerializeToString(), most=1000)

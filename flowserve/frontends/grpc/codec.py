@@ -26,6 +26,7 @@ from flowserve.core.types import InferRequest, InferResponse, RequestedOutput
 from flowserve.core.wire import from_list, from_raw, raw_view, to_raw
 from flowserve.dataplane.shm import SharedMemoryRegistry
 from flowserve.frontends.grpc.h2.calls import Piece, Scattered
+from flowserve.frontends.grpc.h2.limits import PARSE_INLINE
 
 # Which typed-contents field carries each datatype (FP16 and BF16 travel only as raw bytes).
 TYPED_FIELD: dict[str, str] = {
@@ -118,6 +119,17 @@ def parse_request(data: bytes | memoryview) -> Any:
             head, raws = split
             return ViewRequest(pb.ModelInferRequest.FromString(head), raws)
     return pb.ModelInferRequest.FromString(data)
+
+
+def parses_quickly(data: bytes | memoryview, most: int = PARSE_INLINE) -> bool:
+    """Whether :func:`parse_request` parses ``data`` about as fast as ``most`` bytes, whatever
+    its size: it is small, or its raw contents are taken as views and what protobuf parses (the
+    rest) is at most ``most`` bytes. The native transport then parses it on the loop instead
+    of in a thread (a hop measured at 0.2 ms of server CPU for a 1 MiB request, 1 ms at 16 MiB)."""
+    if len(data) <= most:
+        return True
+    split = _split_raw(memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
+    return split is not None and len(split[0]) <= most
 
 
 def _split_raw(view: memoryview) -> tuple[bytes, list[memoryview]] | None:

@@ -11,7 +11,9 @@ So the ModelInfer and ModelStreamInfer messages are parsed by :func:`guarded_par
 more than twice as many bytes as the fields allowed (fewer bytes cannot hold more fields: a
 field takes at least two) is walked first, field by field along the message's descriptor,
 stopping one past the bound. The walk is Python, so it lets the GIL go while it runs, and the
-transport runs it in a worker thread for large messages (``http2.PARSE_INLINE``). Past the
+transport runs it in a worker thread for large messages (``http2.PARSE_INLINE``), except those
+whose bytes are nearly all raw contents (``codec.parses_quickly``: the walk skips them, and
+protobuf parses only the rest, at most ``PARSE_INLINE`` bytes). Past the
 bound: :class:`TooManyFields` (RESOURCE_EXHAUSTED) naming the model and the tensor (input or
 output) where the count ran over. A malformed message is left to the parser to refuse.
 """
@@ -26,7 +28,7 @@ from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import service_pb2
 
 from flowserve.core.errors import ResourceExhausted
-from flowserve.frontends.grpc.codec import parse_request, read_varint
+from flowserve.frontends.grpc.codec import parse_request, parses_quickly, read_varint
 from flowserve.frontends.grpc.http2 import Method
 
 # fields a request may have besides its BYTES elements (tensors, shapes, parameters, outputs)
@@ -52,7 +54,7 @@ def guard_inference(methods: dict[str, Method], max_bytes_elements: int) -> None
         path = f"/inference.GRPCInferenceService/{name}"
         if path in methods:
             parse = guarded_parser(service_pb2.ModelInferRequest, max_bytes_elements, parse_request)
-            methods[path] = dataclasses.replace(methods[path], parse=parse)
+            methods[path] = dataclasses.replace(methods[path], parse=parse, inline=parses_quickly)
 
 
 def guarded_parser(

@@ -22,6 +22,10 @@ class Method:
     parse: Callable[[bytes | memoryview], Any]  # a message's bytes, or a view of them
     unary: Unary | None = None
     streaming: Streaming | None = None
+    # whether a message over PARSE_INLINE bytes may still be parsed on the loop (its parse is
+    # quick whatever its size: e.g. an inference request whose bytes are nearly all raw
+    # contents, parsed as views); None: such messages are parsed in a thread
+    inline: Callable[[bytes | memoryview], bool] | None = None
 
 
 Piece = bytes | bytearray | memoryview  # bytes on their way out: a message's, or a view of them

@@ -1069,7 +1069,9 @@ class Connection(Sender, asyncio.BufferedProtocol):
                         return later
                     body = out
             if len(body) > PARSE_INLINE:
-                return self._parse_later(stream, body)
+                inline = stream.method.inline
+                if inline is None or not inline(body):
+                    return self._parse_later(stream, body)
             return stream.method.parse(body)
         except ResourceExhausted as exc:  # too large, over budget, too many fields (fields.py)
             self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)

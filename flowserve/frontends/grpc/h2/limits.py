@@ -92,7 +92,10 @@ MAX_STATUS_MESSAGE = 4096
 MAX_ECHO = 128
 # bytes a compressed message inflates to on the loop; past this it inflates in a thread
 INFLATE_INLINE = 256 * 1024
-PARSE_INLINE = 1 << 20  # request messages larger than this are parsed in a worker thread
+# request messages larger than this are parsed in a worker thread, unless their method says
+# their parse is quick whatever their size (``calls.Method.inline``: an inference request whose
+# bytes are nearly all raw contents, parsed as views)
+PARSE_INLINE = 1 << 20
 # seconds a connection that was told to go away may take to read it before it is cut
 CLOSE_GRACE_S = 2.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
