@@ -150,6 +150,23 @@ async def test_completion_with_usage_and_max_tokens(served: Served) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
 
 
+async def test_a_seed_makes_sampling_repeatable(served: Served) -> None:
+    async def sample(seed: int, n: int = 1) -> list[str]:
+        out = await client(served).completions.create(
+            model="tiny", prompt="hello world", max_tokens=12, temperature=1.0, seed=seed, n=n,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return [c.text for c in out.choices]
+
+    first = await sample(11)
+    assert await sample(11) == first
+    # n choices with a seed: choice i samples with seed + i (as vLLM), in one running batch
+    three = await sample(11, n=3)
+    assert three[0] == first[0]
+    assert three[1:] == [*await sample(12), *await sample(13)]
+    assert len(set(three)) == 3
+
+
 async def test_chat_streams_deltas_and_honours_stop(served: Served) -> None:
     messages = [{"role": "user", "content": "hello"}]
     full = await client(served).chat.completions.create(

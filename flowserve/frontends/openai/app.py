@@ -94,20 +94,20 @@ class OpenAIApp:
             raise NotFound(f"model '{model}' is not ready or does not exist")
         return [t["name"] for t in self.plane.model_metadata(model)["inputs"]]
 
-    async def _choice(self, req: tr.Completion, inputs: list[str]) -> AsyncIterator[tr.Piece]:
-        async for response in self.plane.stream(tr.plane_request(req, inputs)):
+    async def _choice(self, req: tr.Completion, inputs: list[str], index: int) -> AsyncIterator[tr.Piece]:
+        async for response in self.plane.stream(tr.plane_request(req, inputs, index)):
             yield tr.piece(response)
 
     async def complete(self, req: tr.Completion) -> dict[str, Any]:
         inputs = self._inputs(req.model)
 
-        async def one() -> tr.Choice:
+        async def one(index: int) -> tr.Choice:
             choice = tr.Choice()
-            async for p in self._choice(req, inputs):
+            async for p in self._choice(req, inputs, index):
                 choice.add(p)
             return choice
 
-        choices = await asyncio.gather(*(one() for _ in range(req.n)))
+        choices = await asyncio.gather(*(one(i) for i in range(req.n)))
         return tr.completion_object(req, choices)
 
     async def stream(self, req: tr.Completion, receive: Receive, send: Send) -> None:
@@ -119,7 +119,7 @@ class OpenAIApp:
 
         async def run(index: int) -> None:
             try:
-                async for p in self._choice(req, inputs):
+                async for p in self._choice(req, inputs, index):
                     chunks.put_nowait((index, p))
             except Exception as exc:
                 chunks.put_nowait(exc)

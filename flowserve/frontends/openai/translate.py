@@ -87,9 +87,10 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
     return {"role": m["role"], "content": content}
 
 
-def plane_request(req: Completion, inputs: Sequence[str]) -> InferRequest:
-    """The plane's request for one choice; ``inputs``: the model's input names (only those it
-    has are sent)."""
+def plane_request(req: Completion, inputs: Sequence[str], index: int = 0) -> InferRequest:
+    """The plane's request for choice ``index``; ``inputs``: the model's input names (only those
+    it has are sent). With a ``seed``, choice i samples with seed + i (as vLLM seeds the n
+    sequences of one request), so the n choices differ and each is repeatable."""
     have = set(inputs)
     if "text_input" not in have:
         raise InvalidArgument(f"model '{req.model}' has no 'text_input' input: it is not a generation model")
@@ -102,13 +103,20 @@ def plane_request(req: Completion, inputs: Sequence[str]) -> InferRequest:
         tensors["messages"] = np.array([json.dumps(req.messages).encode()], dtype=object)
     optional = {
         "stream": np.array([True]),
-        "sampling_parameters": np.array([json.dumps(req.sampling).encode()], dtype=object),
+        "sampling_parameters": np.array([json.dumps(_choice_sampling(req, index)).encode()], dtype=object),
         "return_finish_reason": np.array([True]),
         "return_num_input_tokens": np.array([True]),
         "return_num_output_tokens": np.array([True]),
     }
     tensors.update({k: v for k, v in optional.items() if k in have})
     return InferRequest(model=req.model, inputs=tensors)
+
+
+def _choice_sampling(req: Completion, index: int) -> dict[str, Any]:
+    seed = req.sampling.get("seed")
+    if index and isinstance(seed, int) and not isinstance(seed, bool):
+        return {**req.sampling, "seed": seed + index}
+    return req.sampling
 
 
 @dataclass(slots=True)

@@ -105,7 +105,6 @@ class TransformersEngine:
                 num_blocks=int(args.get("num_blocks", max(CPU_CACHE_TOKENS // page, 4))),
                 max_batch_tokens=int(args.get("max_batch_tokens", CPU_MAX_BATCH_TOKENS)),
                 max_requests_per_batch=int(args.get("max_requests_per_batch", CPU_MAX_REQUESTS)),
-                use_cuda_graph=False,
             )
         for key in ("page_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch"):
             if key in args:
@@ -125,6 +124,8 @@ class TransformersEngine:
         # the batch processor the generation thread will use (created here, as warmup() does),
         # with flowserve's sampler in place of the model runner's sampling step
         processor = manager._create_batch_processor()
+        if processor.use_async_batching:  # two batches in flight: the sampler could not tell its rows
+            raise InternalError(f"model '{self.model_name}': transformers chose asynchronous batching")
         manager.batch_processor = processor
         sampler = RowSampler(torch, processor.inputs_and_outputs)
         processor.model_runner._sample = sampler
