@@ -4,6 +4,7 @@ HTTP/2, as hypercorn and grpclib use it), serving the same servicer, in the same
     python benchmarks/h2_transport.py                      # 3 repeats x 5 s per side (~1.5 min)
     python benchmarks/h2_transport.py --repeats 5 --duration 10
     python benchmarks/h2_transport.py --show benchmarks/results/h2_transport.json
+    python benchmarks/h2_transport.py --replay /tmp/old-tree   # in-process CPU per call, two trees
 
 The servicer is ``bare_grpc.py``'s ``BareServicer`` (add_sub, FP32 [16], no engine), so what
 differs between the sides is the transport alone. Sides, each a server process of its own on
@@ -37,6 +38,16 @@ calls completed in it: a number a busy machine disturbs much less than throughpu
 back to back within a repeat, in an order that rotates from one repeat to the next. The table
 gives the medians per side and the ratios against ``own`` (median of the per-repeat ratios,
 with their range). Writes ``benchmarks/results/h2_transport.json``.
+
+``--replay TREE...``: the own transport's CPU per small unary call, in process, against the
+same transport of other source trees (each run in a fresh interpreter with the tree first on
+``PYTHONPATH``). A recorded client byte stream (preface, SETTINGS, then reads of
+``--concurrency`` ModelInfer calls each: HPACK-indexed headers and an add_sub request in one
+DATA frame, and a connection WINDOW_UPDATE) is fed to a ``Connection`` on a fake transport,
+the servicer answering at once with a constant response; the process CPU time of each fifth of
+the reads is divided by its calls, the best fifth kept per run. Trees alternate for
+``--repeats`` rounds; reported per tree: the median and the minimum over rounds (a loaded
+machine only adds). No sockets, no load generator: what the transport itself costs per call.
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -54,12 +67,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
-import h2
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.settings
+
+try:  # the h2 sides need python-hyper's h2 (pip install h2); --replay does not
+    import h2
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.exceptions
+    import h2.settings
+except ImportError:
+    pass
 import hpack
 import numpy as np
 import uvloop
@@ -640,6 +657,122 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+REPLAY = r"""
+import asyncio, json, sys, time
+import hpack, numpy as np, uvloop
+from tritonclient.grpc import service_pb2 as pb
+from flowserve.frontends.grpc.http2 import Connection, Http2GrpcServer, Method, PREFACE, frame
+from flowserve.frontends.grpc.fields import guard_inference
+
+READS, PER = int(sys.argv[1]), int(sys.argv[2])
+PATH = "/inference.GRPCInferenceService/ModelInfer"
+request = pb.ModelInferRequest(model_name="add_sub")
+response = pb.ModelInferResponse(model_name="add_sub", model_version="1")
+for i in range(2):
+    request.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[16])
+    request.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+    request.outputs.add(name=f"OUTPUT{i}")
+    response.outputs.add(name=f"OUTPUT{i}", datatype="FP32", shape=[16])
+    response.raw_output_contents.append(np.arange(16, dtype=np.float32).tobytes())
+body = request.SerializeToString()
+message = b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+class Transport:
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 5555) if name == "peername" else default
+    def write(self, data): pass
+    def writelines(self, pieces): pass
+    def is_closing(self): return False
+    def pause_reading(self): pass
+    def resume_reading(self): pass
+    def get_write_buffer_size(self): return 0
+    def close(self): pass
+    def abort(self): pass
+
+
+async def answer(request, context):
+    return response
+
+
+async def main():
+    methods = {PATH: Method(parse=pb.ModelInferRequest.FromString, unary=answer)}
+    guard_inference(methods, 1 << 20)
+    conn = Connection(Http2GrpcServer(methods, 64 << 20))
+    conn.connection_made(Transport())
+
+    def feed(data):
+        if not hasattr(conn, "get_buffer"):  # a tree before the BufferedProtocol
+            conn.data_received(data)
+            return
+        view = memoryview(data)
+        while view:
+            into = conn.get_buffer(-1)
+            n = min(len(into), len(view))
+            into[:n] = view[:n]
+            conn.buffer_updated(n)
+            view = view[n:]
+
+    encoder = hpack.Encoder()
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", PATH), (":authority", "127.0.0.1"),
+              ("content-type", "application/grpc"), ("te", "trailers"),
+              ("grpc-accept-encoding", "identity,deflate,gzip"), ("user-agent", "grpc-c++/1.67.1")]
+    reads, sid = [], 1
+    for _ in range(READS + 200):
+        read = []
+        for _ in range(PER):
+            read.append(frame(1, 4, sid, encoder.encode(fields)) + frame(0, 1, sid, message))
+            sid += 2
+        read.append(frame(8, 0, 0, (PER * 1000).to_bytes(4, "big")))
+        reads.append(b"".join(read))
+    feed(PREFACE + frame(4, 0, 0, (4).to_bytes(2, "big") + (2**31 - 1).to_bytes(4, "big")))
+    timed = []
+    for i, read in enumerate(reads):
+        if i >= 200 and (i - 200) % (READS // 5) == 0:
+            timed.append(time.process_time())
+        feed(read)
+        for _ in range(3):
+            await asyncio.sleep(0)
+    timed.append(time.process_time())
+    assert not conn.streams, f"{len(conn.streams)} calls unanswered"
+    fifths = [(b - a) / (READS // 5 * PER) * 1e6 for a, b in zip(timed, timed[1:])]
+    print(json.dumps({"us_per_call": min(fifths[:5])}))
+
+
+uvloop.run(main())
+"""
+
+
+def replay(trees: list[Path], repeats: int, reads: int, per: int) -> list[dict[str, Any]]:
+    """The own transport's CPU per call in process, this tree and ``trees`` alternating."""
+    sides = {"this": HERE.parent, **{str(t): t.resolve() for t in trees}}
+    records: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        for name, tree in sides.items():
+            env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+            done = subprocess.run(
+                [sys.executable, "-c", REPLAY, str(reads), str(per)],
+                cwd=tree, env=env, capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            if done.returncode:
+                raise RuntimeError(f"replay in {tree} failed: {done.stderr.strip()[-500:]}")
+            us = float(json.loads(done.stdout.strip().splitlines()[-1])["us_per_call"])
+            records.append({"repeat": repeat, "tree": name, "us_per_call": us})
+            print(f"  repeat {repeat}  {name:<30} {us:7.2f} us/call", flush=True)
+    return records
+
+
+def replay_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    mine = statistics.median(r["us_per_call"] for r in records if r["tree"] == "this")
+    for tree in dict.fromkeys(r["tree"] for r in records):
+        values = [r["us_per_call"] for r in records if r["tree"] == tree]
+        median = statistics.median(values)
+        rows.append({"tree": tree, "median_us": round(median, 2), "min_us": round(min(values), 2),
+                     "this_vs_tree": round(mine / median, 3)})  # fmt: skip
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -655,13 +788,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="(internal) run the h2 server")
     parser.add_argument("--validate", action="store_true", help="(with --serve) h2's header validation on")
     parser.add_argument("--port", type=int, default=0, help="(with --serve) port on 127.0.0.1")
+    parser.add_argument(
+        "--replay", type=Path, nargs="+", metavar="TREE",
+        help="in-process CPU per call of the own transport against these source trees",
+    )  # fmt: skip
+    parser.add_argument("--reads", type=int, default=2500, help="(--replay) reads per run")
     args = parser.parse_args(argv)
+    if args.replay:
+        started = time.time()
+        records = replay(args.replay, args.repeats, args.reads, args.concurrency)
+        rows = replay_summary(records)
+        print()
+        for row in rows:
+            print(f"{row['tree']:<40} median {row['median_us']:7.2f} us/call  min {row['min_us']:7.2f}"
+                  f"  this / tree {row['this_vs_tree']:.3f}")  # fmt: skip
+        output = args.output
+        if output == RESULTS / "h2_transport.json":
+            output = RESULTS / "h2_transport-replay.json"
+        settings = {"repeats": args.repeats, "reads": args.reads, "per_read": args.concurrency}
+        write_result(output, "own gRPC transport, CPU per small unary call in process, trees side by side",
+                     started, settings=settings, summary=rows, runs=records)  # fmt: skip
+        return 0
     if args.serve:
         uvloop.run(serve_h2("127.0.0.1", args.port, args.validate))
         return 0
     if args.show is not None:
         print(render(json.loads(args.show.read_text())["summary"]))
         return 0
+    if "h2" not in sys.modules:
+        raise SystemExit("the h2 sides need python-hyper's h2 (pip install h2); --replay does not")
     if "own" not in args.sides:
         args.sides.insert(0, "own")
     started = time.time()
