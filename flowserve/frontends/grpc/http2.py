@@ -19,15 +19,23 @@ answers about 30k infer/s, where grpc.aio answered about 4k (benchmarks/README.m
 
 A large message's bytes are copied at most once in user space, most of them not at all
 (``benchmarks/copies.py`` counts it): the
-connection is a ``BufferedProtocol``; once a unary request's 5-byte prefix declares a large
-message (``guard.SMALL`` or more, taken from the request budget), the rest of it is read into a
-buffer of its size as its DATA frames arrive, straight from the socket while a long frame is
-arriving (``get_buffer`` hands the transport a view of it, ``SINK_FROM``), else copied from
-the server's read buffer, and the message is parsed from that buffer (an inference request's raw
-contents stay views of it: ``codec.parse_request``). A response that gives its bytes as pieces
-(``calls.Scattered``: ``codec.WireResponse``, a tensor's own buffer) is queued as those pieces
+connection is a ``BufferedProtocol``; once a request message's 5-byte prefix declares a large
+message (``guard.SMALL`` or more, taken from the request budget; a unary call's, or one of a
+streaming call's), the rest of it is read into a buffer of its size as its DATA frames arrive,
+straight from the socket while a long frame is arriving (``get_buffer`` hands the transport a
+view of it, ``SINK_FROM``), else copied from the server's read buffer, and the message is parsed
+from that buffer (an inference request's raw contents stay views of it: ``codec.parse_request``;
+on the loop when what protobuf parses is small, ``Method.inline``, else in a thread). A
+response that gives its bytes as pieces (``calls.Scattered``: ``codec.WireResponse`` and, on a
+stream, ``codec.StreamWireResponse``, a tensor's own buffer) is queued as those pieces
 (``calls.Outgoing``), framed as DATA frame heads and views of them, and written with one vectored
 write (``writelines``), never joined.
+
+The common small unary call takes a short cut both ways: a request whose one message arrives
+whole in one DATA frame (END_STREAM) is parsed from the read as it lies and its call started at
+once (``Connection._data``; a frame cut in its payload takes the general path), and an answer
+with nothing queued before it and room in the windows leaves as one DATA frame, in one write
+with its HEADERS and trailers (``Sender._send``).
 
 What is covered: the connection preface and SETTINGS (both directions, ACKs), PING, GOAWAY,
 RST_STREAM (cancels the call's task), WINDOW_UPDATE and flow control both ways (receive windows
