@@ -19,7 +19,10 @@ Streaming = Callable[[AsyncIterator[Any], CallContext], AsyncIterator[Any]]
 
 @dataclass(frozen=True)
 class Method:
-    parse: Callable[[bytes | memoryview], Any]  # a message's bytes, or a view of them
+    # a message's bytes, or a view of them: of the message's own buffer when it is large (the
+    # parsed message may keep it), else possibly of the server's read buffer, which the next read
+    # overwrites (a small message's parse must copy what it keeps, as protobuf's does)
+    parse: Callable[[bytes | memoryview], Any]
     unary: Unary | None = None
     streaming: Streaming | None = None
     # whether a message over PARSE_INLINE bytes may still be parsed on the loop (its parse is
