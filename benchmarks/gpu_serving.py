@@ -59,9 +59,11 @@ BATCH = 32
 TRANSPORTS = ("http", "grpc", "shm", "cuda_shm")
 
 
-def config(gpu: bool, instances: int) -> str:
+def config(gpu: bool, instances: int, threads: int = 0) -> str:
     kind = "KIND_GPU" if gpu else "KIND_CPU"
-    return f"""name: "{MODEL}"
+    parameter = f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "{threads}" }} }}\n'
+    parameters = parameter if threads else ""
+    return parameters + f"""name: "{MODEL}"
 platform: "pytorch_libtorch"
 max_batch_size: {BATCH}
 input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] }} ]
@@ -84,10 +86,10 @@ def build_net(torch: Any) -> Any:
     return nn.Sequential(*layers).eval()
 
 
-def write_repository(root: Path, torch: Any, size: int, gpu: bool, instances: int) -> Path:
+def write_repository(root: Path, torch: Any, size: int, gpu: bool, instances: int, threads: int = 0) -> Path:
     model_dir = root / MODEL
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(config(gpu, instances))
+    (model_dir / "config.pbtxt").write_text(config(gpu, instances, threads))
     net = build_net(torch)
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
@@ -195,6 +197,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=None)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument(
+        "--intra-op-threads", type=int, default=0, help="the model's INTRA_OP_THREAD_COUNT (0: torch's)"
+    )
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--quick", action="store_true", help="shm only, workers 1, 1.5 s windows")
     parser.add_argument("--output", type=Path, default=None)
@@ -218,7 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = "gpu_serving" if gpu else "gpu_serving_cpu"
     args.output = args.output or RESULTS / f"{name}.json"
     binary = ensure_perf_analyzer()
-    repository = write_repository(WORK / "gpu_serving" / "repo", torch, args.size, gpu, args.instances)
+    repository = write_repository(
+        WORK / "gpu_serving" / "repo", torch, args.size, gpu, args.instances, args.intra_op_threads
+    )
     started = time.time()
     where = torch.cuda.get_device_name(0) if gpu else f"CPU ({cores} cores)"
     print(f"device: {where}; image 3x{args.size}x{args.size}; batch {BATCH}", flush=True)
