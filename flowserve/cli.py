@@ -974,10 +974,10 @@ def cpu_thread_defaults() -> None:
     user chose otherwise (``OMP_WAIT_POLICY``). Spinning is libgomp's default: its threads
     busy-wait between parallel regions, and in a server they spin on the cores the event loop,
     the other instances and any co-located client need. Measured on this project's 2-core
-    machine under load (benchmarks/README.md, "A served conv net"): raw torch 96-113 images/s
-    spinning against 743-1,021 passive, and the served conv net over system shm 105 against
-    932-948. Set here, before anything imports torch (libgomp reads it once, at load), and so
-    inherited by ``--workers``' processes and the servers ``analyze`` starts."""
+    machine (docs/reference/performance.md): a served conv net over system shm, passive against
+    spinning, 1.01-1.15x on a quiet machine and 9x under load (932-948 against 105 infer/s).
+    Set here, before anything imports torch (libgomp reads it once, at load), and so inherited
+    by ``--workers``' processes and the servers ``analyze`` starts."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

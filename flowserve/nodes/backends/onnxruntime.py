@@ -23,12 +23,11 @@ before. Session options come from config ``parameters`` with Triton's ORT backen
 1 parallel), ``enable_mem_arena``, ``enable_mem_pattern``, any ``session.*`` config entry, and
 ``optimization { graph { level } }`` (-1 basic, 1 extended, else all).
 
-One default differs from ONNX Runtime's own: the intra-op threads do not spin while they wait
-for work (``session.intra_op.allow_spinning`` "0"; a ``parameters`` entry of that name sets it
-back to "1"). Spinning threads take the cores that the server's event loop, the other
-instances and co-located clients need: a conv net on this project's 2-core machine under load
-ran 1.5-1.7x faster in-process with spinning off (benchmarks/README.md, "A served conv net").
-torch's OpenMP threads wait passively for the same reason (flowserve/cli.py).
+ONNX Runtime's intra-op threads spin while they wait for work (its default, kept): on a quiet
+machine that is faster (compare.py's ``mlp_onnx`` at c=8: 0.80x over gRPC and 0.95x over HTTP with
+spinning off), on a machine whose cores are shared it is slower (a conv net in-process under load:
+1.5-1.7x faster with spinning off); ``parameters { key: "session.intra_op.allow_spinning" value:
+{ string_value: "0" } }`` turns it off (docs/reference/performance.md).
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from flowserve.nodes.backends.base import BackendNode
 log = logging.getLogger("flowserve.onnxruntime")
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
-SPINNING = "session.intra_op.allow_spinning"
 
 
 @dataclass
@@ -82,8 +80,7 @@ def session_options(ort: Any, model: Any, params: Parameters) -> Any:
         opts.enable_cpu_mem_arena = params.flag("enable_mem_arena", True)
     if params.has("enable_mem_pattern"):
         opts.enable_mem_pattern = params.flag("enable_mem_pattern", True)
-    entries = {SPINNING: "0", **params.prefixed("session.")}  # see the module's doc
-    for key, value in entries.items():
+    for key, value in params.prefixed("session.").items():
         opts.add_session_config_entry(key, value)
     config = model.config
     if config is not None and config.HasField("optimization") and config.optimization.HasField("graph"):
