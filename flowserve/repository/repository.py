@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from flowserve.core.errors import (
     code_location,
     code_traceback,
 )
+from flowserve.core.importpath import edit_path
 from flowserve.core.node import Context, Node, TensorMap
 from flowserve.graph.plan import Plan
 from flowserve.nodes.backends import autocompletions
@@ -74,9 +74,14 @@ def add_import_roots(graph_dirs: Iterable[Path]) -> None:
     too."""
     folders = (p.resolve().parent if p.is_file() else p.resolve() for p in graph_dirs)
     roots = [Path.cwd(), *(folder.parent for folder in folders)]
-    for root in roots:
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+
+    def change(path: list[str]) -> list[str]:
+        for root in roots:
+            if str(root) not in path:
+                path.insert(0, str(root))
+        return path
+
+    edit_path(change)  # a new list, never sys.path in place (flowserve/core/importpath.py)
 
 
 class Repository:

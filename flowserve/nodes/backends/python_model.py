@@ -45,6 +45,7 @@ from flowserve.core.errors import (
     InvalidArgument,
     error_class,
 )
+from flowserve.core.importpath import drop_prepended, prepend_path
 from flowserve.core.node import Context, TensorMap
 from flowserve.nodes.backends import pb_utils
 from flowserve.nodes.backends._support import Parameters, placement
@@ -614,17 +615,14 @@ def _import_locked(name: str, path: Path) -> Any:
     if spec is None or spec.loader is None:
         raise InvalidArgument(f"model '{name}': cannot load {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.path[:0] = [version_dir, model_dir]
+    prepend_path(version_dir, model_dir)  # never in place: other threads import meanwhile
     try:
         with _as_model(module):
             spec.loader.exec_module(module)
     except Exception as exc:
         raise InternalError(f"model '{name}': importing {path} raised {_describe(exc)}") from exc
     finally:
-        del sys.path[:2]
-        for folder in (version_dir, model_dir):
-            if folder not in sys.path:
-                sys.path.append(folder)
+        drop_prepended(version_dir, model_dir)
     return module
 
 
