@@ -57,11 +57,18 @@ def dependencies(spec: GraphSpec) -> set[str]:
     return {t for n in spec.nodes.values() for t in node_targets(n)}
 
 
+def dependency_graph(specs: dict[str, GraphSpec]) -> nx.DiGraph:
+    """Every servable of ``specs`` a node, an edge from what each one uses to it."""
+    deps = nx.DiGraph()
+    for name, spec in specs.items():
+        deps.add_node(name)
+        deps.add_edges_from((dep, name) for dep in dependencies(spec))
+    return deps
+
+
 def users_of(scan: Scan, names: set[str]) -> set[str]:
     """The servables of ``scan`` that use any of ``names``, directly or through other graphs."""
-    deps = nx.DiGraph()
-    for name, spec in graph_specs(scan).items():
-        deps.add_edges_from((dep, name) for dep in dependencies(spec))
+    deps = dependency_graph(graph_specs(scan))
     return {user for name in names if name in deps for user in nx.descendants(deps, name)} - names
 
 
@@ -69,11 +76,7 @@ def compile_all(scan: Scan, known: dict[str, Plan] | None = None) -> Compiled:
     """Compile every spec of ``scan`` (``known``: plans already loaded that graphs may use)."""
     specs = graph_specs(scan)
     result = Compiled(issues=list(scan.issues), failed=dict(scan.failed))
-    deps = nx.DiGraph()
-    for name, spec in specs.items():
-        deps.add_node(name)
-        for dep in dependencies(spec):
-            deps.add_edge(dep, name)
+    deps = dependency_graph(specs)
     for cycle in nx.simple_cycles(deps):
         path = " -> ".join([*cycle, cycle[0]])
         for name in cycle:
