@@ -109,12 +109,17 @@ class ViewRequest:
         return getattr(self.head, name)
 
 
+def _byte_view(data: bytes | memoryview) -> memoryview:
+    """``data`` as a view of bytes (a memoryview of another format cast to one of bytes)."""
+    return memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+
+
 def parse_request(data: bytes | memoryview) -> Any:
     """A ModelInferRequest from its serialized bytes: a :class:`ViewRequest` when it is large
     and its top-level fields are few (what is not raw contents, joined, is parsed by protobuf),
     else protobuf's own message."""
     if len(data) >= SPLIT_FROM:
-        split = _split_raw(memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
+        split = _split_raw(_byte_view(data))
         if split is not None:
             head, raws = split
             return ViewRequest(pb.ModelInferRequest.FromString(head), raws)
@@ -128,7 +133,7 @@ def parses_quickly(data: bytes | memoryview, most: int = PARSE_INLINE) -> bool:
     of in a thread (a hop measured at 0.2 ms of server CPU for a 1 MiB request, 1 ms at 16 MiB)."""
     if len(data) <= most:
         return True
-    split = _split_raw(memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
+    split = _split_raw(_byte_view(data))
     return split is not None and len(split[0]) <= most
 
 
