@@ -15,6 +15,7 @@ from (after temperature, top-k and top-p): 0 for a greedy token.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +43,14 @@ GREEDY = Row()
 
 def row_for(torch: Any, sampling: Sampling, device: str) -> Row:
     """The :class:`Row` for a request's :class:`Sampling` (``top_k`` -1 is off, as 0)."""
-    if sampling.temperature == 0 or sampling.top_k == 1:
+    row = Row(float(sampling.temperature), max(int(sampling.top_k), 0), float(sampling.top_p))
+    if row.greedy:
         return GREEDY
-    generator = None
-    if sampling.seed is not None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(sampling.seed) & 0xFFFF_FFFF_FFFF_FFFF)
-    return Row(float(sampling.temperature), max(int(sampling.top_k), 0), float(sampling.top_p), generator)
+    if sampling.seed is None:
+        return row
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(sampling.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    return dataclasses.replace(row, generator=generator)
 
 
 def sample_rows(torch: Any, logits: Any, rows: Sequence[Row]) -> tuple[Any, Any]:

@@ -56,7 +56,6 @@ class TransformersEngine:
         self._sampler: RowSampler | None = None
         self._torch: Any = None
         self.device = "cpu"
-        self.vocab_size = 0
         self.eos: list[int] = []
 
     async def start(self) -> None:
@@ -88,7 +87,6 @@ class TransformersEngine:
             ) from None
         model = model.to(device)
         self.tokenizer = tokenizer
-        self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.eos = _eos_ids(model, tokenizer)
         # no logits processors: flowserve's sampler replaces the runner's sampling step, which
         # runs in Python at every step (hence no CUDA graphs, and one batch in flight at a time)
