@@ -274,6 +274,17 @@ def _routing_model(servable: Servable) -> routing.Model:
     )
 
 
+def _first_to_load(directory: Path) -> bool:
+    """Whether this worker is the first to finish loading (it prints the startup table). Not
+    worker 0 by rule: with ``--exit-on-error`` the first worker to find a failed model ends the
+    server, and a worker still loading then is stopped before it could print anything."""
+    try:
+        os.close(os.open(directory / "startup-table", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 async def run_worker(directory: Path, index: int) -> int:
     """A worker's life: connect, load, serve until SIGTERM (or the supervisor is gone), drain."""
     from flowserve.server import (
@@ -303,7 +314,7 @@ async def run_worker(directory: Path, index: int) -> int:
         if plane is None:
             log.info("worker %d stopped while loading", index)
             return 0
-        if index == 0:  # every worker loads the same models: one table for the server
+        if _first_to_load(directory):  # every worker loads the same models: one table for the server
             print(startup_table(plane, server.addresses), flush=True)
         stop_line = startup_failures(plane, settings.exit_on_error)
         if stop_line is not None:  # before ready: the supervisor stops the whole server
