@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import hpack
 import pytest
@@ -25,11 +25,12 @@ from flowserve.frontends.grpc.h2 import (
     sending,
     server,
 )
+from flowserve.frontends.grpc.h2.connection import Connection
 from flowserve.frontends.grpc.http2 import PREFACE, frame
 
 __all__ = [
-    "PREFACE", "Frame", "RawClient", "frame", "goaway_code", "grpc_message", "parse_frames",
-    "request_headers", "rst_codes", "set_bound", "trailers", "unary",
+    "PREFACE", "FakeTransport", "Frame", "RawClient", "feed", "frame", "goaway_code", "grpc_message",
+    "parse_frames", "request_headers", "rst_codes", "set_bound", "trailers", "unary",
 ]  # fmt: skip
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
@@ -46,6 +47,52 @@ def set_bound(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None
     assert holders, f"no module of {h2.__name__} has {name}"
     for module in holders:
         monkeypatch.setattr(module, name, value)
+
+
+class FakeTransport:
+    """What a Connection writes, and nothing else (reads are fed by hand: :func:`feed`)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1234) if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.out += piece
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def feed(conn: Connection, data: bytes) -> None:
+    """``data`` as one read of the socket (several when it is larger than the read buffer)."""
+    view = memoryview(data)
+    while view:
+        into = conn.get_buffer(-1)
+        n = min(len(into), len(view))
+        into[:n] = view[:n]
+        conn.buffer_updated(n)
+        view = view[n:]
 
 
 class Blob:

@@ -45,7 +45,16 @@ from flowserve.frontends.grpc.h2.frames import (
     frame,
 )
 from flowserve.frontends.grpc.http2 import CallContext, Http2GrpcServer, Method
-from tests.h2raw import Blob, RawClient, grpc_message, parse_frames, request_headers, trailers
+from tests.h2raw import (
+    Blob,
+    FakeTransport,
+    RawClient,
+    feed,
+    grpc_message,
+    parse_frames,
+    request_headers,
+    trailers,
+)
 
 SERVICE = "/test.Echo/"
 MiB = 1024 * 1024
@@ -161,52 +170,6 @@ async def test_small_requests_cut_anywhere_get_the_same_answers(
     assert _clean(echo)
 
 
-class _Transport:
-    """What a Connection writes, and nothing else (reads are fed by hand: :func:`_feed`)."""
-
-    def __init__(self) -> None:
-        self.out = bytearray()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1234) if name == "peername" else default
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-
-    def writelines(self, pieces: list[bytes]) -> None:
-        for piece in pieces:
-            self.out += piece
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
-def _feed(conn: Connection, data: bytes) -> None:
-    """``data`` as one read of the socket (several when it is larger than the read buffer)."""
-    view = memoryview(data)
-    while view:
-        into = conn.get_buffer(-1)
-        n = min(len(into), len(view))
-        into[:n] = view[:n]
-        conn.buffer_updated(n)
-        view = view[n:]
-
-
 @pytest.mark.parametrize("cut", [None, 1, 8, 9 + 3, 9 + 5 + 2, 20])
 async def test_a_frame_whole_in_a_read_or_cut_gives_the_same_answer(
     monkeypatch: pytest.MonkeyPatch, cut: int | None
@@ -218,19 +181,19 @@ async def test_a_frame_whole_in_a_read_or_cut_gives_the_same_answer(
     pieces = _count(monkeypatch, "_data_piece")
     server = Http2GrpcServer({SERVICE + "echo": Method(parse=bytes, unary=_echo)}, max_message=MiB)
     conn = Connection(server)
-    transport = _Transport()
+    transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
-    _feed(conn, PREFACE + frame(SETTINGS, 0, 0))
+    feed(conn, PREFACE + frame(SETTINGS, 0, 0))
     results = []
     for sid, payload in ((1, b"first" * 20), (3, b""), (5, b"third")):
         transport.out.clear()
         data = frame(DATA, END_STREAM, sid, grpc_message(payload))
         head = frame(HEADERS, 0x4, sid, request_headers(SERVICE + "echo"))
         if cut is None:
-            _feed(conn, head + data)
+            feed(conn, head + data)
         else:
-            _feed(conn, head + data[:cut])
-            _feed(conn, data[cut:])
+            feed(conn, head + data[:cut])
+            feed(conn, data[cut:])
         for _ in range(5):
             await asyncio.sleep(0)
         conn._write_pending()

@@ -39,7 +39,9 @@ from tests.h2raw import (
     SETTINGS,
     WINDOW_UPDATE,
     Blob,
+    FakeTransport,
     RawClient,
+    feed,
     frame,
     goaway_code,
     grpc_message,
@@ -682,6 +684,35 @@ async def test_streams_answered_from_heavy_headers_end_the_connection(
     assert slowest < prompt_bound()
 
 
+async def test_a_connections_turn_is_weighed_by_its_header_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule behind the next test, without timing: 50 header blocks of 500 fields in one read
+    weigh ``FRAMES_PER_TURN`` long before they are all handled (they counted 50 frames, a quarter
+    of a turn), so the connection defers the rest to the loop's next turn; the rest is then
+    handled, none lost."""
+    set_bound(monkeypatch, "RESET_BURST", 10**9)
+    decoded: list[int] = []
+    decode = http2.decode_headers
+
+    def counting(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        decoded.append(len(block))
+        return decode(decoder, block)
+
+    set_bound(monkeypatch, "decode_headers", counting)
+    server = Http2GrpcServer({SERVICE + "echo": Method(parse=bytes, unary=Echo().echo)}, max_message=1 << 20)
+    conn = Connection(server)
+    conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+    feed(conn, http2.PREFACE + frame(SETTINGS, 0, 0))
+    block = _indexed_fields(500, content_type=False)
+    per_turn = http2.FRAMES_PER_TURN // (1 + len(block) // http2.HEADER_BYTES_PER_FRAME) + 1
+    feed(conn, b"".join(frame(HEADERS, 0x5, 1 + 2 * i, block) for i in range(50)))
+    assert conn.deferred and len(decoded) <= per_turn < 50, (len(decoded), per_turn)
+    for _ in range(50):  # the loop's next turns
+        if len(decoded) == 50:
+            break
+        await asyncio.sleep(0)
+    assert len(decoded) == 50
+
+
 async def test_header_blocks_of_one_connection_cannot_hold_the_loop(
     start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -717,7 +748,10 @@ async def test_header_blocks_of_one_connection_cannot_hold_the_loop(
             t.join()
 
     _, slowest, _ = await under_attack(server, attack)
-    assert slowest < prompt_bound()
+    # twice the other attack tests' bound: the three senders are threads of this process (decoding
+    # their blocks and the good client's calls share one interpreter lock), and on a busy machine
+    # that alone read 1.5 s (bound 1.24); the rule itself is checked exactly by the test above
+    assert slowest < 2 * prompt_bound()
 
 
 # ------------------------------------------------------------------ 6: timeouts, connection cap
