@@ -18,12 +18,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from flowserve.core.device import Device, DeviceTensor, produced, register_concat, take
+from flowserve.core.device import Device, DeviceTensor, StreamOps, produced, register_concat, take
 from flowserve.nodes.backends._support import Parameters, has_gpu
 from flowserve.nodes.backends.staging import DEFAULT_LIMIT, LIMIT_PARAMETER, Staging
 from flowserve.spec.schema import ModelSpec
@@ -95,8 +96,9 @@ def cuda_to_numpy(value: Any) -> np.ndarray:
         return np.asarray(value.get())
     if hasattr(value, "numpy") and hasattr(value, "device_name"):  # OrtValue
         return np.asarray(value.numpy())
-    if hasattr(value, "as_cpu"):  # DALI TensorGPU / TensorListGPU
-        return np.asarray(value.as_cpu().as_array())
+    if hasattr(value, "as_cpu"):  # DALI: TensorListCPU has as_array, TensorCPU the array interface
+        host = value.as_cpu()
+        return np.array(host.as_array() if hasattr(host, "as_array") else host, copy=True)
     return np.from_dlpack(value, device="cpu", copy=True)
 
 
@@ -110,6 +112,14 @@ def torch_tensor(value: Any, torch: Any) -> Any:
 def on_stream(tensor: DeviceTensor, stream: Any) -> Any:
     """``take``: the tensor's value ready for work on ``stream`` (the one ordering rule)."""
     return take(tensor, stream)
+
+
+def for_peer_copy(tensor: DeviceTensor, ops: StreamOps) -> Any:
+    """``take`` for a copy of ``tensor`` to another GPU. torch runs a copy between two GPUs on
+    the *source* device's current stream (and then makes the destination's current stream
+    wait for it: ``copy_device_to_device`` in ATen's Copy.cu), so it is the source device's
+    current stream, not the destination's, that must wait on the producer's event."""
+    return take(tensor, ops.current(tensor.device))
 
 
 def cuda_tensor(
@@ -273,8 +283,9 @@ def ipc_handle(pointer_owner: Any) -> bytes:
 
 def raw_ipc_handle(shared: bytes) -> bytes:
     """The 64-byte ``cudaIpcMemHandle_t`` inside what torch's ``_share_cuda_()`` returns: the
-    handle itself (older torch) or a version byte, a kind byte (``c``: cudaMalloc) and the
-    handle (66 bytes, torch's caching allocator since expandable segments)."""
+    handle itself (older torch) or a version byte (2; 3 since torch 2.13, same layout), a kind
+    byte (``c``: cudaMalloc) and the handle: 66 bytes (``shareIpcHandle`` of torch's caching
+    allocator since expandable segments; ``e``, an expandable segment, has no such handle)."""
     if len(shared) == IPC_HANDLE_SIZE:
         return shared
     if len(shared) == IPC_HANDLE_SIZE + 2 and shared[1] == _TORCH_CUDA_MALLOC:
@@ -304,7 +315,23 @@ def declare_ipc(cudart: Any) -> Any:
     cudart.cudaIpcOpenMemHandle.restype = ctypes.c_int
     cudart.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
     cudart.cudaIpcCloseMemHandle.restype = ctypes.c_int
+    # const char* cudaGetErrorString(cudaError_t): a pointer, not an int (64-bit safe); only
+    # for messages, so a runtime without it still opens handles
+    error_string = getattr(cudart, "cudaGetErrorString", None)
+    if error_string is not None:
+        error_string.argtypes = [ctypes.c_int]
+        error_string.restype = ctypes.c_char_p
     return cudart
+
+
+def cuda_error(cudart: Any, status: int) -> str:
+    """``cudaError <n>: <CUDA's text>`` (the number alone where the text cannot be had)."""
+    try:
+        text = cudart.cudaGetErrorString(int(status))
+    except Exception:
+        text = None
+    name = text.decode(errors="replace") if isinstance(text, bytes) else ""
+    return f"cudaError {status}: {name}" if name else f"cudaError {status}"
 
 
 class IpcRegion:
@@ -330,7 +357,7 @@ class IpcRegion:
             # flag 1 is cudaIpcMemLazyEnablePeerAccess
             status = self._cudart.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, 1)
             if status != 0:
-                raise RuntimeError(f"cudaIpcOpenMemHandle failed (cudaError {status})")
+                raise RuntimeError(f"cudaIpcOpenMemHandle failed ({cuda_error(self._cudart, status)})")
         self.pointer = int(pointer.value or 0)
 
     def _view(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
@@ -341,7 +368,9 @@ class IpcRegion:
             raise ValueError(
                 f"offset {offset} + byte size {byte_size} exceeds the region's {self.byte_size} bytes"
             )
-        return _CudaView(self.pointer + offset, byte_size, dtype, shape, self.device_id).as_torch(self._torch)
+        torch = self._torch
+        raw = _CudaView(self.pointer + offset, byte_size, self.device_id).as_torch(torch)
+        return raw.view(torch_dtype(torch, np.dtype(dtype))).reshape(shape)
 
     def tensor(
         self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]
@@ -366,8 +395,12 @@ class IpcRegion:
         if isinstance(value, DeviceTensor) and not value.device.is_cpu and ops is not None:
             nbytes = value.nbytes
             target = self._view(offset, nbytes, value.dtype, value.shape)
-            stream = ops.current(Device("cuda", self.device_id))
-            source = torch_tensor(take(value, stream), torch)
+            where = Device("cuda", self.device_id)
+            stream = ops.current(where)
+            # from another GPU torch copies on that GPU's current stream: it waits for the producer
+            taken = take(value, stream) if value.device == where else for_peer_copy(value, ops)
+            with torch.cuda.device(value.device.index):  # torch's __dlpack__ wants its own device current
+                source = torch_tensor(taken, torch)
             with torch.cuda.device(self.device_id), torch.cuda.stream(stream):
                 target.copy_(source.reshape(target.shape), non_blocking=True)
             ops.synchronize(ops.record(stream))
@@ -377,6 +410,8 @@ class IpcRegion:
         else:
             array = value
         host = np.ascontiguousarray(array)
+        if not host.flags.writeable:  # torch.from_numpy warns on a read-only array
+            host = host.copy()
         target = self._view(offset, int(host.nbytes), np.dtype(np.uint8), (int(host.nbytes),))
         target.copy_(torch.from_numpy(host.reshape(-1).view(np.uint8)))  # synchronous host -> device
 
@@ -389,14 +424,14 @@ class IpcRegion:
 
 
 class _CudaView:
-    """``__cuda_array_interface__`` over raw device memory (how torch views a foreign pointer)."""
+    """``__cuda_array_interface__`` over raw device memory (how torch views a foreign pointer),
+    as bytes: torch parses ``typestr`` with numpy, which has no bfloat16 (``ml_dtypes``' is
+    ``<V2``, a void type torch refuses), so the caller views the bytes as its dtype in torch."""
 
-    def __init__(
-        self, pointer: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...], device: int
-    ) -> None:
+    def __init__(self, pointer: int, byte_size: int, device: int) -> None:
         self.__cuda_array_interface__ = {
-            "shape": shape,
-            "typestr": np.dtype(dtype).str,
+            "shape": (byte_size,),
+            "typestr": "|u1",
             "data": (pointer, False),
             "version": 3,
             "strides": None,
@@ -410,24 +445,59 @@ class _CudaView:
             return torch.as_tensor(self, device=f"cuda:{self.device}")
 
 
+def cudart_candidates(maps: str, torch_lib: Path, site: Path, cuda_version: str | None) -> list[str]:
+    """Where the CUDA runtime is, best first: the libcudart this process has already mapped
+    (``maps``: /proc/self/maps; torch's own, loaded with ``import torch`` from the
+    nvidia-cuda-runtime wheel: ``nvidia/cuda_runtime/lib/libcudart.so.12`` for CUDA 12,
+    ``nvidia/cu13/lib/libcudart.so.13`` for CUDA 13), then torch's lib folder, those wheels'
+    folders, and last the soname of torch's CUDA major version (``libcudart.so.12``) from the
+    loader's path. Never the unversioned ``libcudart.so`` first: it is a toolkit's development
+    link (absent where only the runtime is installed), possibly of another CUDA version."""
+    found: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in found:
+            found.append(name)
+
+    for line in maps.splitlines():
+        mapped = line.split()[-1] if line.split() else ""
+        if mapped.startswith("/") and Path(mapped).name.startswith("libcudart.so"):
+            add(mapped)
+    major = (cuda_version or "").split(".")[0]
+    wheels = sorted(site.glob("nvidia/*/lib/libcudart.so*"))
+    wheels = [w for w in wheels if not major or w.name.startswith(f"libcudart.so.{major}")] or wheels
+    for path in [*sorted(torch_lib.glob("libcudart*.so*")), *wheels]:
+        add(str(path))
+    if major:
+        add(f"libcudart.so.{major}")
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        add(name)
+    return found
+
+
 @functools.cache
 def _cudart() -> Any:
-    """The CUDA runtime library torch loaded (libcudart), for the IPC calls torch does not expose."""
+    """The CUDA runtime library torch loaded (libcudart), for the IPC calls torch does not
+    expose (:func:`cudart_candidates` says where it is looked for)."""
     import ctypes
-    from pathlib import Path
 
     import torch
 
-    site = Path(torch.__file__).resolve().parent.parent
-    candidates = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
-    candidates += [str(p) for p in sorted((site / "torch" / "lib").glob("libcudart*.so*"))]
-    candidates += [str(p) for p in sorted(site.glob("nvidia/*/lib/libcudart.so*"))]
-    for name in candidates:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    site = torch_lib.parent.parent
+    tried: list[str] = []
+    for name in cudart_candidates(maps, torch_lib, site, getattr(torch.version, "cuda", None)):
         try:
             return declare_ipc(ctypes.CDLL(name))
-        except OSError:
-            continue
-    raise RuntimeError("the CUDA runtime (libcudart) cannot be loaded for CUDA IPC")
+        except (OSError, AttributeError) as exc:
+            tried.append(f"{name} ({exc})")
+    raise RuntimeError(
+        f"the CUDA runtime (libcudart) cannot be loaded for CUDA IPC; tried {'; '.join(tried)}"
+    )
 
 
 def open_ipc_region(raw_handle: bytes, device_id: int, byte_size: int) -> IpcRegion:
@@ -441,9 +511,12 @@ __all__ = [
     "IpcRegion",
     "TorchCopier",
     "TorchCudaOps",
+    "cuda_error",
     "cuda_ops",
     "cuda_tensor",
     "cuda_to_numpy",
+    "cudart_candidates",
+    "for_peer_copy",
     "ipc_handle",
     "on_stream",
     "open_ipc_region",

@@ -182,10 +182,13 @@ class TorchBackend(BackendNode):
         if isinstance(value, DeviceTensor) and value.device == instance.place:
             return torch_view(torch, take(value, instance.stream)), 0
         if isinstance(value, DeviceTensor) and not value.device.is_cpu:
-            # another GPU: the producer's event first, then a device-to-device copy
-            return torch_view(torch, take(value, instance.stream)).to(
-                instance.device, non_blocking=True
-            ), value.nbytes
+            # another GPU: torch copies on the source GPU's current stream (then orders the
+            # instance's stream after the copy), so that stream waits on the producer's event
+            from flowserve.nodes.backends.cuda import for_peer_copy
+
+            with torch.cuda.device(value.device.index):  # torch's __dlpack__ wants its device current
+                source = torch_view(torch, for_peer_copy(value, instance.ops))
+            return source.to(instance.device, non_blocking=True), value.nbytes
         if instance.staging is not None:
             array = value.host()[0] if isinstance(value, DeviceTensor) else value  # a view
             if array.dtype.kind in "OSU":
