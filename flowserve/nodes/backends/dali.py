@@ -13,10 +13,12 @@ Parameter ``num_threads`` sets DALI's CPU worker threads (default 1).
 Tensors stay where they are (flowserve/core/device.py): on a GPU with a CUDA torch, a GPU
 output is handed on as a torch tensor on the instance's GPU. DALI's outputs are valid only until
 the pipeline's next ``run()``, so each is cloned on the device (a device-to-device copy, counted
-as bytes copied) on the instance's own stream, with an event recorded there for the consumer to
-wait on; nothing goes through the host. A GPU output read on the host is copied through the
-instance's pinned staging (flowserve/nodes/backends/staging.py: a reused pinned block, on the
-instance's copy stream, the consumer waiting on that copy's event). A CUDA input (DLPack) is fed
+as bytes copied) on the instance's own stream, after that stream waited for DALI's work (the
+stream is handed to DALI's ``__dlpack__``), with an event recorded there for the consumer to
+wait on; the next ``run()`` starts once the clones are done. Nothing goes through the host. A
+GPU output read on the host is copied through the instance's pinned staging
+(flowserve/nodes/backends/staging.py: a reused pinned block, on the instance's copy stream, the
+consumer waiting on that copy's event). A CUDA input (DLPack) is fed
 to ``external_source`` as it is; a host input as numpy (a view for a CPU DLPack tensor), which
 DALI copies to the GPU through pinned buffers of its own.
 """
@@ -42,6 +44,7 @@ class DaliInstance:
     ops: Any = None  # on a GPU with a CUDA torch: the device driver and the instance's stream
     stream: Any = None
     staging: Any = None  # and its pinned staging for outputs read on the host
+    cloned: Any = None  # the event after the last run's clones: the next run waits for it
 
 
 class DaliBackend(BackendNode):
@@ -96,6 +99,11 @@ class DaliBackend(BackendNode):
     def execute(self, instance: DaliInstance, inputs: TensorMap) -> TensorMap:
         pipe = instance.pipeline
         batched = self.model.max_batch_size > 0
+        if instance.cloned is not None:
+            # DALI may reuse the last run's output buffers in this run (on its own stream, which
+            # knows nothing of ours): the clones queued on the instance's stream must be done
+            instance.ops.synchronize(instance.cloned)
+            instance.cloned = None
         for name, value in edges(inputs).items():
             pipe.feed_input(name, self._feed(instance, value, batched))
         try:
@@ -111,6 +119,7 @@ class DaliBackend(BackendNode):
         for name, tensor_list in zip(names, results, strict=False):
             if instance.stream is not None and not hasattr(tensor_list, "as_array"):  # TensorListGPU
                 out[name] = self._on_device(instance, name, tensor_list, batched)
+                instance.cloned = instance.ops.record(instance.stream)
             else:
                 out[name] = self._array(name, tensor_list, batched)
         return out
@@ -148,8 +157,11 @@ class DaliBackend(BackendNode):
                 f"model '{self.model.name}': output '{name}' has samples of different shapes {shapes}; "
                 "a batched output needs one shape"
             )
-        view = torch_tensor(tensor_list.as_tensor(), torch)
-        with torch.cuda.stream(instance.stream):
+        with torch.cuda.device(instance.place.device), torch.cuda.stream(instance.stream):
+            # from_dlpack inside the instance's stream: torch passes that stream to DALI's
+            # __dlpack__, which makes it wait for DALI's work. Outside, torch would pass the
+            # legacy default stream, which torch's own (non-blocking) streams do not wait for.
+            view = torch_tensor(tensor_list.as_tensor(), torch)
             owned = view.clone()
         self.stats.add_copied(int(owned.numel() * owned.element_size()))
         where = Device("cuda", instance.place.device)
