@@ -91,10 +91,16 @@ class CudaDriver:
             raise InternalError(f"CUDA driver call {what} failed with error {status}")
 
     def use_device(self, device: int) -> ctypes.c_void_p:
+        """Retain ``device``'s primary context (once per instance: each retain counts, and
+        :meth:`release_device` releases one) and make it current on the calling thread."""
         ctx = ctypes.c_void_p()
         self.check(self._lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
-        self.check(self._lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.set_current(ctx)
         return ctx
+
+    def set_current(self, ctx: ctypes.c_void_p) -> None:
+        """Make a retained context current on the calling thread (an instance's thread)."""
+        self.check(self._lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
     def release_device(self, device: int) -> None:
         self._lib.cuDevicePrimaryCtxRelease_v2(device)
@@ -147,6 +153,26 @@ class TrtInstance:
     ops: Any = None
     torch_stream: Any = None
     staging: Any = None  # pinned staging (flowserve/nodes/backends/staging.py), with torch
+    ctx: Any = None  # the device's primary context, retained once at load
+
+
+def numpy_dtype_of(trt: Any, dtype: Any, model: str, name: str) -> np.dtype[Any]:
+    """The numpy dtype of a TensorRT tensor type: ``trt.nptype`` (float32, float16, int8,
+    int32, int64, bool, uint8), bfloat16 as ``ml_dtypes.bfloat16`` (``nptype`` has no numpy
+    type for it and raises TypeError); others (FP8, FP4, INT4) are a clear load error."""
+    if dtype == getattr(getattr(trt, "DataType", None), "BF16", object()):
+        import ml_dtypes
+
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    try:
+        found: np.dtype[Any] = np.dtype(trt.nptype(dtype))
+    except TypeError:
+        raise Unsupported(
+            f"model '{model}': engine tensor '{name}' is of TensorRT type {dtype}, which has no "
+            "numpy type (and no Triton datatype)"
+        ) from None
+    return found
 
 
 def import_tensorrt(model: str) -> Any:
@@ -178,7 +204,7 @@ class TensorRTBackend(BackendNode):
         path = model_file(model, self.version_path, "model.plan")
         trt = import_tensorrt(model.name)
         cuda = CudaDriver()
-        cuda.use_device(place.device)
+        ctx = cuda.use_device(place.device)
         logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(logger)
         engine = runtime.deserialize_cuda_engine(path.read_bytes())
@@ -194,7 +220,7 @@ class TensorRTBackend(BackendNode):
         for n in inputs:
             if engine.is_shape_inference_io(n):
                 raise Unsupported(f"model '{model.name}': shape tensor input '{n}' is not supported")
-        dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        dtypes = {n: numpy_dtype_of(trt, engine.get_tensor_dtype(n), model.name, n) for n in names}
         profiles: Profiles = []
         for p in range(engine.num_optimization_profiles):
             profile = {}
@@ -207,7 +233,17 @@ class TensorRTBackend(BackendNode):
         if profiles:
             context.set_optimization_profile_async(0, stream.value or 0)
         instance = TrtInstance(
-            cuda, place.device, engine, context, stream, inputs, outputs, dtypes, profiles, runtime=runtime
+            cuda,
+            place.device,
+            engine,
+            context,
+            stream,
+            inputs,
+            outputs,
+            dtypes,
+            profiles,
+            runtime=runtime,
+            ctx=ctx,
         )
         from flowserve.nodes.backends.cuda import cuda_ops, staging_for
 
@@ -266,20 +302,23 @@ class TensorRTBackend(BackendNode):
         instance's GPU with an event recorded on its stream; no synchronize."""
         import torch
 
-        from flowserve.nodes.backends.cuda import cuda_tensor, torch_tensor
+        from flowserve.nodes.backends.cuda import cuda_tensor, torch_dtype, torch_tensor
 
         context, where = instance.context, Device("cuda", instance.device)
-        instance.cuda.use_device(instance.device)
+        instance.cuda.set_current(instance.ctx)
         self._select(instance, {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()})
         held: list[Any] = []  # alive until the engine's work is queued
         copied = 0
-        with torch.cuda.stream(instance.torch_stream):
+        with torch.cuda.device(instance.device), torch.cuda.stream(instance.torch_stream):
             for name in instance.inputs:
                 if name not in inputs:
                     raise InvalidArgument(f"model '{self.model.name}': engine input '{name}' is missing")
                 value = inputs[name]
                 if isinstance(value, DeviceTensor) and value.device == where:
                     tensor = torch_tensor(take(value, instance.torch_stream), torch).contiguous()
+                    wanted_type = torch_dtype(torch, instance.dtypes[name])
+                    if tensor.dtype != wanted_type:  # the engine reads its own type's bytes
+                        tensor = tensor.to(wanted_type)  # on the instance's stream, as the host path's astype
                 else:
                     array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
                     if instance.staging is not None:
@@ -300,7 +339,7 @@ class TensorRTBackend(BackendNode):
                     raise Unsupported(
                         f"model '{self.model.name}': output '{name}' has a data-dependent shape {shape}"
                     )
-                dtype = getattr(torch, np.dtype(instance.dtypes[name]).name)
+                dtype = torch_dtype(torch, instance.dtypes[name])  # BF16 included
                 out = torch.empty(shape, dtype=dtype, device=f"cuda:{instance.device}")
                 context.set_tensor_address(name, out.data_ptr())
                 results[name] = out
@@ -315,7 +354,7 @@ class TensorRTBackend(BackendNode):
 
     def _execute_host(self, instance: TrtInstance, inputs: TensorMap) -> TensorMap:
         cuda, context, stream = instance.cuda, instance.context, instance.stream
-        cuda.use_device(instance.device)
+        cuda.set_current(instance.ctx)
         shapes = {n: tuple(int(d) for d in a.shape) for n, a in inputs.items()}
         self._select(instance, shapes)
         for name in instance.inputs:
@@ -346,6 +385,8 @@ class TensorRTBackend(BackendNode):
         return {n: results[n] for n in wanted}
 
     def unload_instance(self, instance: TrtInstance) -> None:
+        if instance.ctx is not None:  # this thread's driver calls (free, destroy) need the context
+            instance.cuda.set_current(instance.ctx)
         instance.cuda.sync(instance.stream)
         for ptr, _ in instance.buffers.values():
             instance.cuda.free(ptr)
