@@ -257,7 +257,7 @@ class OnnxRuntimeBackend(BackendNode):
         copied = 0
         for name, value in inputs.items():
             if isinstance(value, DeviceTensor) and value.device == where and stream is not None:
-                binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(take(value, stream)))
+                binding.bind_ortvalue_input(name, self._on_device(ort, instance, take(value, stream)))
                 continue
             array, n = value.host() if isinstance(value, DeviceTensor) else (value, 0)
             if name in instance.string_inputs:
@@ -267,7 +267,7 @@ class OnnxRuntimeBackend(BackendNode):
                 if instance.staging is not None and not array.dtype.hasobject:
                     # through a pinned block, asynchronously on the instance's stream (ORT's)
                     uploaded = instance.staging.upload(array)
-                    binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(uploaded))
+                    binding.bind_ortvalue_input(name, self._on_device(ort, instance, uploaded))
                     continue
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in instance.outputs:
@@ -290,6 +290,15 @@ class OnnxRuntimeBackend(BackendNode):
             name: cuda_tensor(value, stream, instance.ops, where, to_numpy)
             for name, value in zip(instance.outputs, outputs, strict=True)
         }
+
+    @staticmethod
+    def _on_device(ort: Any, instance: OrtInstance, value: Any) -> Any:
+        """An OrtValue over a tensor on the instance's GPU (no copy). ``OrtValue.from_dlpack``
+        calls ``value.__dlpack__()``, which torch refuses for a tensor of another GPU than the
+        current one ("Can't export tensors on a different CUDA device index"): the instance's
+        GPU is made current around it."""
+        with instance.ops.torch.cuda.device(instance.place.device):
+            return ort.OrtValue.from_dlpack(value)
 
     def _ort(self) -> Any:
         return require("onnxruntime", self.model.name, "onnxruntime", "onnx")

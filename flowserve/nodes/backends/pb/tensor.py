@@ -153,12 +153,13 @@ class Tensor:
         device = self._device
         if device is not None:
             value = on_current_stream(device)
-            if stream is not None:
-                try:
-                    return value.__dlpack__(stream=stream)
-                except TypeError:
-                    pass
-            return value.__dlpack__()
+            framework = getattr(device.ops, "torch", None)  # the CUDA driver's (backends/cuda.py)
+            if framework is None or device.device.is_cpu:
+                return _export(value, stream)
+            # torch exports a CUDA tensor only while its GPU is the current device ("Can't
+            # export tensors on a different CUDA device index"): a model on GPU 1 may not be
+            with framework.cuda.device(device.device.index):
+                return _export(value, stream)
         arr = self._array
         assert arr is not None
         if arr.dtype.kind in "OSU":
@@ -236,6 +237,16 @@ class Tensor:
     def __repr__(self) -> str:
         where = "" if self._device is None else f", device={self._device.device}"
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._dtype()}{where})"
+
+
+def _export(value: Any, stream: Any) -> Any:
+    """``value.__dlpack__``, handing on the consumer's stream where the producer takes one."""
+    if stream is not None:
+        try:
+            return value.__dlpack__(stream=stream)
+        except TypeError:
+            pass
+    return value.__dlpack__()
 
 
 def _described(source: Any) -> DeviceTensor:
