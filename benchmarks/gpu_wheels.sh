@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Wheels of flowserve's own dependencies that a GPU machine without network lacks (its image has
 # torch, numpy, grpcio, protobuf, networkx, pyyaml, prometheus-client, ml-dtypes, uvloop and
-# pytest, but not these), for CPython 3.12 on manylinux x86_64, into .whl/ (ignored by git).
+# pytest, but not these; google-re2 too: flowserve/dataplane/headers.py imports re2, so no server
+# starts without it), for CPython 3.12 on manylinux x86_64, into .whl/ (ignored by git).
 # benchmarks/gpu_check.sh installs them from there. About 6 MB. Run here, where pip reaches PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ for package in hpack tritonclient uvicorn httptools h11 click pytest-asyncio pyt
   geventhttpclient gevent zope.event zope.interface greenlet brotli \
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-http \
-  opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos; do
+  opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos google-re2; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" --platform any -d .whl "$package"
 done
