@@ -124,9 +124,7 @@ class TorchBackend(BackendNode):
         path = self._file()
         try:
             if path.suffix == ".pt2":
-                with _EXPORT_LOAD:
-                    module = torch.export.load(str(path)).module()
-                module = module.to(device)
+                module = load_exported(torch, path, device)
                 forward_args = _signature_args(module)
             else:
                 with _quiet_jit():
@@ -236,6 +234,23 @@ class TorchBackend(BackendNode):
 
         to_numpy = instance.staging.to_numpy if instance.staging is not None else cuda_to_numpy
         return produced(value, instance.stream, instance.ops, dtype, shape, instance.place, to_numpy)
+
+
+def load_exported(torch: Any, path: Path, device: Any) -> Any:
+    """A ``torch.export`` program's module on ``device``. Off the CPU through
+    ``torch.export.passes.move_to_device_pass``, which moves the parameters, buffers and
+    constants *and* the devices the graph names: a ``torch.ones(n)`` in ``forward`` is exported
+    as ``aten.ones(..., device=cpu)``, which ``module().to(device)`` leaves on the CPU (the
+    first request then fails: "Tensor on device cpu is not on the expected device")."""
+    with _EXPORT_LOAD:
+        program = torch.export.load(str(path))
+    if torch.device(device).type != "cpu":
+        try:
+            from torch.export.passes import move_to_device_pass
+        except ImportError:  # an older torch: parameters and buffers only
+            return program.module().to(device)
+        program = move_to_device_pass(program, device)
+    return program.module()
 
 
 def _signature_args(module: Any) -> list[str] | None:

@@ -358,6 +358,33 @@ def test_tensorrt_retains_its_context_once_and_makes_it_current_per_call() -> No
     assert calls.count(("current", "ctx")) == 2 and calls.count(("execute", 0x55)) == 2
 
 
+# ----------------------------------------------------------------------------- torch.export on a device
+
+
+def test_an_exported_programs_own_tensors_move_with_it(tmp_path: Path) -> None:
+    """A factory call in forward (``torch.ones``) is exported with ``device=cpu``; loaded for
+    another device (here ``meta``, which needs no GPU), the program still runs there."""
+    torch = pytest.importorskip("torch")
+    from flowserve.nodes.backends.torch import load_exported
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("bias", torch.ones(4))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.bias + torch.ones(4)
+
+    path = tmp_path / "model.pt2"
+    torch.export.save(torch.export.export(Net(), (torch.zeros(4),)), str(path))
+    with pytest.raises(RuntimeError):  # what loading did before: the graph's ones() stay on the CPU
+        torch.export.load(str(path)).module().to("meta")(torch.zeros(4, device="meta"))
+    module = load_exported(torch, path, torch.device("meta"))
+    assert module(torch.zeros(4, device="meta")).device.type == "meta"
+    on_cpu = load_exported(torch, path, torch.device("cpu"))
+    assert on_cpu(torch.zeros(4)).tolist() == [2.0] * 4
+
+
 # ----------------------------------------------------------------------------- dtypes
 
 
