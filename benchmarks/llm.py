@@ -15,10 +15,16 @@ servers load that directory). The servers, each in its own process group on 127.
   the transformers engine (continuous batching, paged attention);
 - **transformers serve** (HF's own OpenAI server, ``transformers serve --continuous-batching``),
   the same engine with the same KV-cache settings (block size, blocks, tokens per batch);
-  with ``--engine vllm`` the reference is ``vllm serve`` instead;
+  with ``--engine vllm`` the reference is ``vllm serve`` instead, both vLLM engines on the same
+  GPU with the same settings (each takes ``--gpu-memory-utilization`` of it, 0.4 by default: two
+  engines at vLLM's 0.9 do not fit, the second refuses to start; ``--max-model-len``, when given)
+  and vLLM's own defaults for the rest (flowserve builds its engine with ``vllm serve``'s usage
+  context, so the same batch sizes);
 - **generate loop**: ``model.generate()`` one request after the other in a process of its own (no
   HTTP), measured at every level right after the servers; its TTFT at concurrency C is that of a
-  closed loop of C clients in front of it (a request waits for the C-1 before it).
+  closed loop of C clients in front of it (a request waits for the C-1 before it). Not run with
+  ``--engine vllm`` unless ``--generate-loop`` asks (transformers would load a third copy of the
+  model on the GPU the two vLLM engines share).
 
 The load: C clients in a closed loop, each sends streaming ``/v1/completions`` requests (greedy,
 ``max_tokens`` output tokens with end-of-sequence ignored so every side generates the same
@@ -144,12 +150,26 @@ def prepare_model(kind: str) -> Path:
 # --- the servers ---
 
 
-def write_repository(model_dir: Path, engine: str) -> Path:
+def vllm_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine arguments both vLLM sides get (model.json keys; ``vllm serve`` flags)."""
+    settings: dict[str, Any] = {"gpu_memory_utilization": args.gpu_memory_utilization}
+    if args.max_model_len:
+        settings["max_model_len"] = args.max_model_len
+    return settings
+
+
+def vllm_flags(settings: dict[str, Any]) -> list[str]:
+    return [f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
+
+
+def write_repository(model_dir: Path, engine: str, vllm: dict[str, Any] | None = None) -> Path:
     repo = WORK / "repo"
     folder = repo / SERVED_NAME / "1"
     folder.mkdir(parents=True, exist_ok=True)
     (repo / SERVED_NAME / "config.pbtxt").write_text('backend: "vllm"\n')
     doc: dict[str, Any] = {"engine": engine, "model": str(model_dir), "max_tokens": 256}
+    if engine == "vllm":
+        doc.update(vllm or {})
     if engine == "transformers":
         doc.update(
             page_size=BLOCK_SIZE,
@@ -180,8 +200,10 @@ def side_env(threads: int) -> dict[str, str]:
     return env
 
 
-def start_flowserve(group: ServerGroup, model_dir: Path, engine: str, threads: int) -> Side:
-    repo = write_repository(model_dir, engine)
+def start_flowserve(
+    group: ServerGroup, model_dir: Path, engine: str, threads: int, vllm: dict[str, Any] | None = None
+) -> Side:
+    repo = write_repository(model_dir, engine, vllm)
     http, grpc, openai_port = free_port(), free_port(), free_port()
     command = [*flowserve_command(repo, WORK / "graphs", http, grpc), f"--openai-port={openai_port}"]
     server = group.start("flowserve", command, http, grpc, env=side_env(threads), timeout_s=600)
@@ -189,7 +211,12 @@ def start_flowserve(group: ServerGroup, model_dir: Path, engine: str, threads: i
 
 
 def start_reference(
-    group: ServerGroup, model_dir: Path, engine: str, threads: int, shipped: bool = False
+    group: ServerGroup,
+    model_dir: Path,
+    engine: str,
+    threads: int,
+    shipped: bool = False,
+    vllm: dict[str, Any] | None = None,
 ) -> Side:
     """``vllm serve`` (engine vllm), else ``transformers serve`` with the same KV-cache settings
     as flowserve: ``tuned`` (the default) also with flowserve's sequences per step, ``shipped``
@@ -198,7 +225,14 @@ def start_reference(
     env = side_env(threads)
     bin_dir = Path(sys.executable).parent
     if engine == "vllm":
-        command = [str(bin_dir / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", f"--port={port}"]
+        # the vllm script beside this interpreter, else vLLM's CLI module (the same entry point)
+        cli = [str(bin_dir / "vllm")] if (bin_dir / "vllm").exists() else [
+            sys.executable, "-m", "vllm.entrypoints.cli.main",
+        ]  # fmt: skip
+        command = [
+            *cli, "serve", str(model_dir), "--host", "127.0.0.1", f"--port={port}",
+            *vllm_flags(vllm or {}),
+        ]  # fmt: skip
         name = "vllm serve"
     else:
         start = (
@@ -402,8 +436,27 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also transformers serve as its flags leave it (no sequences-per-step setting: slow on the CPU)",
     )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.4,
+        help="--engine vllm: the GPU memory share of each vLLM engine (flowserve's, vllm serve's)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=0, help="--engine vllm: both engines' (0: the model's)"
+    )
+    parser.add_argument(
+        "--generate-loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also the sequential generate() loop (default: with the transformers engine only)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "llm.json")
     args = parser.parse_args(argv)
+    if args.generate_loop is None:
+        args.generate_loop = args.engine == "transformers"
+    if args.engine == "vllm" and not 0 < args.gpu_memory_utilization <= 0.5:
+        parser.error("--gpu-memory-utilization: two vLLM engines share the GPU, so at most 0.5 each")
     if args.quick:
         args.concurrency, args.repeats = [8], 2
     return args
@@ -426,6 +479,8 @@ def run_all(args: argparse.Namespace, model_dir: Path, sides: list[Side]) -> lis
                 row = asyncio.run(closed_loop(side, concurrency, requests, args.max_tokens, args.engine))
                 records.append({"repeat": repeat, **row, "load1": round(os.getloadavg()[0], 2)})
                 print(json.dumps(records[-1]), flush=True)
+            if not args.generate_loop:
+                continue
             prompts = [PROMPTS[k % len(PROMPTS)] for k in range(min(requests, LOOP_PROMPTS))]
             runs = generate_loop(model_dir, prompts, args.max_tokens, args.threads)
             row = loop_at(runs, concurrency, requests)
@@ -492,9 +547,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     model_dir = prepare_model(args.model)
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
-        sides = [
-            start_flowserve(group, model_dir, args.engine, args.threads),
-            start_reference(group, model_dir, args.engine, args.threads),
+        vllm = vllm_settings(args) if args.engine == "vllm" else None
+        sides = [  # one after the other: a vLLM engine checks the GPU memory free when it starts
+            start_flowserve(group, model_dir, args.engine, args.threads, vllm),
+            start_reference(group, model_dir, args.engine, args.threads, vllm=vllm),
         ]
         if args.shipped and args.engine == "transformers":
             sides.append(start_reference(group, model_dir, args.engine, args.threads, shipped=True))
@@ -514,10 +570,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "repeats": args.repeats,
             "concurrency": args.concurrency,
-            "block_size": BLOCK_SIZE,
-            "num_blocks": NUM_BLOCKS,
-            "max_batch_tokens": MAX_BATCH_TOKENS,
-            "max_requests_per_batch": MAX_REQUESTS,
+            **(
+                {**vllm_settings(args), "generate_loop": args.generate_loop}
+                if args.engine == "vllm"
+                else {
+                    "block_size": BLOCK_SIZE,
+                    "num_blocks": NUM_BLOCKS,
+                    "max_batch_tokens": MAX_BATCH_TOKENS,
+                    "max_requests_per_batch": MAX_REQUESTS,
+                }
+            ),
             "threads": args.threads,
         },
         summary=rows,
