@@ -394,6 +394,7 @@ class AsyncLLM:
         self.running: dict[str, _Request] = {}
         self.waiting: dict[str, _Request] = {}
         self.aborted: list[str] = []  # external ids of aborted requests
+        self.abort_calls = 0  # abort() calls, those that found nothing too
         self.params: list[SamplingParams] = []  # every request's
         self.prompts: list[Any] = []
         self.shut_down = False
@@ -594,6 +595,7 @@ class AsyncLLM:
 
     async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
         ids = (request_id,) if isinstance(request_id, str) else list(request_id)
+        self.abort_calls += 1
         for rid in ids:
             for table in (self.running, self.waiting):
                 for key, request in list(table.items()):

@@ -211,6 +211,7 @@ async def test_deltas_stream_each_token_once_with_the_request_sampling(fake: Any
         chunks = await _all(engine, "r-2", "hi", Sampling(max_tokens=100, temperature=0))
         assert engine.tokenizer.decode([i for c in chunks for i in c.ids], skip_special_tokens=True) == TEXT
         assert chunks[-1].reason == "stop" and all(c.logprobs is None for c in chunks)
+        assert fake.ENGINES[0].abort_calls == 0  # a finished request's stream ends: nothing to abort
     finally:
         await engine.stop()
 

@@ -282,23 +282,28 @@ class VllmEngine:
         self._live.add(request_id)
         finished = False
         try:
+            last: Tokens | None = None
             async for out in stream:
                 finished = bool(out.finished)
                 completion = next((c for c in out.outputs if c.index == 0), None)
-                if completion is None:  # no new tokens; vLLM ends the stream when finished
-                    if finished:
-                        yield Tokens((), True, "abort")
-                    continue
-                ids = list(completion.token_ids)  # DELTA: the new tokens only
+                ids = list(completion.token_ids) if completion is not None else []  # DELTA: new only
                 if not ids and not finished:
                     continue
                 probs = None
-                if sampling.logprobs and completion.logprobs is not None:
+                if completion is not None and sampling.logprobs and completion.logprobs is not None:
                     probs = _token_logprobs(ids, completion.logprobs)
-                reason = (completion.finish_reason or "stop") if finished else None
-                yield Tokens(ids, finished, reason, probs)
+                reason = None
                 if finished:
-                    break
+                    reason = (completion.finish_reason if completion is not None else None) or "abort"
+                tokens = Tokens(ids, finished, reason, probs)
+                if finished:  # yielded once vLLM's generator has ended: closing it then aborts nothing
+                    last = tokens
+                    continue
+                yield tokens
+            if last is None:  # vLLM's stream ended without a last output
+                finished = True
+                last = Tokens((), True, "abort")
+            yield last
         except Exception as exc:
             raise self._error(exc) from exc
         finally:
