@@ -15,8 +15,9 @@ stream handed to ONNX Runtime as ``user_compute_stream``: device inputs are boun
 are after the instance's stream waited on their producer's event, host inputs are copied in
 through the instance's pinned staging (flowserve/nodes/backends/staging.py: a pinned block, then
 an asynchronous copy on the instance's stream; counted as bytes copied), outputs stay on the
-device as OrtValues with an event recorded on the stream (read on the host through the same
-staging), and the run does not synchronise the device (``disable_synchronize_execution_providers``).
+device (ONNX Runtime's OrtValues seen as torch tensors through DLPack, which a batch can split
+by rows) with an event recorded on the stream (read on the host through the same staging), and
+the run does not synchronise the device (``disable_synchronize_execution_providers``).
 Without a CUDA torch to make streams and events, a GPU instance copies its outputs back as
 before. Session options come from config ``parameters`` with Triton's ORT backend names:
 ``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode`` (0 sequential,
@@ -142,6 +143,20 @@ def _from_ort(array: Any) -> np.ndarray:
     if out.dtype.kind in "OU":
         flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in out.reshape(-1)]
         out = np.array(flat, dtype=object).reshape(out.shape)
+    return out
+
+
+def as_torch(torch: Any, values: list[Any]) -> list[Any]:
+    """OrtValues as torch tensors over the same memory (DLPack, no copy; each keeps its OrtValue
+    alive). What flows on from a GPU instance: a merged batch is split by rows and an output may
+    be reshaped, which an OrtValue cannot be (it has no ``__getitem__`` nor ``reshape``), and a
+    torch tensor merges on the device. A bool output that DLPack carried as uint8 is bool again."""
+    out = []
+    for value in values:
+        tensor = torch.from_dlpack(value)
+        if tensor.dtype == torch.uint8 and value.data_type() == "tensor(bool)":
+            tensor = tensor.view(torch.bool)
+        out.append(tensor)
     return out
 
 
@@ -284,7 +299,9 @@ class OnnxRuntimeBackend(BackendNode):
 
         if copied:
             self.stats.add_copied(copied)
-        outputs = binding.get_outputs()
+        torch = instance.ops.torch
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            outputs = as_torch(torch, binding.get_outputs())
         to_numpy = instance.staging.to_numpy if instance.staging is not None else None
         return {
             name: cuda_tensor(value, stream, instance.ops, where, to_numpy)

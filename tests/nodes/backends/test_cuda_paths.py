@@ -227,6 +227,27 @@ def test_a_pb_tensor_exports_while_its_gpu_is_current() -> None:
     assert tensor.to_dlpack() == "capsule" and seen == [[1]]
 
 
+def test_ort_outputs_flow_on_as_torch_tensors_a_batch_can_split() -> None:
+    """An OrtValue has no rows to cut (``value[a:b]``: a merged batch's split) nor a reshape;
+    the torch view of it has both, over the same memory; bool stays bool."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    from flowserve.core.device import wrap
+    from flowserve.nodes.backends.onnxruntime import as_torch
+
+    floats = np.arange(6, dtype=np.float32).reshape(3, 2)
+    flags = np.array([[True], [False], [True]])
+    values = [ort.OrtValue.ortvalue_from_numpy(floats), ort.OrtValue.ortvalue_from_numpy(flags)]
+    with pytest.raises(TypeError):
+        wrap(values[0])[1:3]  # what a batch's split did to an OrtValue
+    tensors = as_torch(torch, values)
+    assert tensors[0].data_ptr() == values[0].data_ptr()  # a view, no copy
+    assert tensors[1].dtype == torch.bool
+    rows = wrap(tensors[0])[1:3]
+    assert rows.shape == (2, 2) and rows.value.tolist() == floats[1:3].tolist()
+    assert wrap(tensors[1]).dtype == np.bool_
+
+
 # ----------------------------------------------------------------------------- DALI
 
 

@@ -8,6 +8,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -82,13 +83,44 @@ async def test_torch_ort_cuda_torch_stays_on_the_gpu(tmp_path: Path) -> None:
         await engine.stop()
 
 
+async def test_a_merged_batch_of_a_gpu_onnx_model_is_split_on_the_device(
+    bk: Any, make_models: Any, tmp_path: Path
+) -> None:
+    """Requests merged into one batch, run by ONNX Runtime on the GPU, cut back into rows per
+    request where the outputs are (an OrtValue has no rows to cut: its torch view has)."""
+    import asyncio
+
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu")
+    pytest.importorskip("onnx")
+    config = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 } ]
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+"""
+    model_dir = bk.write_model(tmp_path, "add_sub_gpu", config)
+    make_models.make_onnx_add_sub(model_dir / "1" / "model.onnx")
+    rows = [np.full((1, 16), i, np.float32) for i in range(4)]
+    async with bk.engine_for(tmp_path) as engine:
+        outs = await asyncio.gather(*(engine.infer("add_sub_gpu", {"INPUT0": r, "INPUT1": r}) for r in rows))
+        stats = engine.registry.get("add_sub_gpu").stats
+    for r, out in zip(rows, outs, strict=True):
+        np.testing.assert_array_equal(out["OUTPUT0"], r * 2)
+        np.testing.assert_array_equal(out["OUTPUT1"], r * 0)
+    assert max(stats.batches) > 1  # at least one batch merged requests (and was split again)
+
+
 def test_cuda_ipc_region_round_trip() -> None:
     """A region another process exported (as a Triton client does) opened here by its handle
     (CUDA refuses to open a handle in the process that made it)."""
     import subprocess
     import sys
 
-    from flowserve.nodes.backends.cuda import open_ipc_region
+    from flowserve.nodes.backends.cuda import cuda_ops, cuda_tensor, open_ipc_region
 
     exporter = (
         "import sys, time, torch\n"
@@ -111,6 +143,22 @@ def test_cuda_ipc_region_round_trip() -> None:
             assert torch.equal(view.value.cpu(), torch.arange(64, dtype=torch.float32))
             region.write(0, np.full(4, 7.0, np.float32))  # host -> device into the region
             assert region.read(0, 16) == np.full(4, 7.0, np.float32).tobytes()
+            # BF16 (numpy has none: the array interface cannot name it) viewed in torch's dtype
+            halves = region.tensor(64, 8, np.dtype(ml_dtypes.bfloat16), (2, 2))
+            assert halves.value.dtype == torch.bfloat16 and tuple(halves.value.shape) == (2, 2)
+            expected = torch.arange(16, 18, dtype=torch.float32).view(torch.bfloat16).reshape(2, 2)
+            assert torch.equal(halves.value.cpu(), expected)
+            # a read-only host output (a front end's buffer) and a device output into the region
+            region.write(128, np.frombuffer(np.full(4, 3.0, np.float32).tobytes(), np.float32))
+            assert region.read(128, 16) == np.full(4, 3.0, np.float32).tobytes()
+            ops = cuda_ops()
+            assert ops is not None
+            producer = ops.stream(Device("cuda", 0))
+            with torch.cuda.stream(producer):
+                torch.cuda._sleep(50_000_000)  # a slow producer: the copy into the region waits
+                y = torch.full((4,), 5.0, device="cuda")
+            region.write(256, cuda_tensor(y, producer, ops, Device("cuda", 0)))
+            assert region.read(256, 16) == np.full(4, 5.0, np.float32).tobytes()
         finally:
             region.close()
     finally:
