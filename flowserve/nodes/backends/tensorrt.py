@@ -156,6 +156,19 @@ class TrtInstance:
     ctx: Any = None  # the device's primary context, retained once at load
 
 
+# TensorRT's DataType names with a numpy type (what trt.nptype maps, by name: tensorrt_lean
+# may not ship nptype)
+_TRT_NUMPY = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+}
+
+
 def numpy_dtype_of(trt: Any, dtype: Any, model: str, name: str) -> np.dtype[Any]:
     """The numpy dtype of a TensorRT tensor type: ``trt.nptype`` (float32, float16, int8,
     int32, int64, bool, uint8), bfloat16 as ``ml_dtypes.bfloat16`` (``nptype`` has no numpy
@@ -166,8 +179,12 @@ def numpy_dtype_of(trt: Any, dtype: Any, model: str, name: str) -> np.dtype[Any]
         bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
         return bf16
     try:
-        found: np.dtype[Any] = np.dtype(trt.nptype(dtype))
-    except TypeError:
+        nptype = getattr(trt, "nptype", None)
+        if nptype is None:
+            found: np.dtype[Any] = np.dtype(_TRT_NUMPY[str(getattr(dtype, "name", dtype))])
+        else:
+            found = np.dtype(nptype(dtype))
+    except (TypeError, KeyError):
         raise Unsupported(
             f"model '{model}': engine tensor '{name}' is of TensorRT type {dtype}, which has no "
             "numpy type (and no Triton datatype)"

@@ -325,6 +325,10 @@ def test_tensorrt_dtypes_bfloat16_and_a_clear_refusal() -> None:
     assert numpy_dtype_of(_Trt, "BF16", "m", "x") == np.dtype(ml_dtypes.bfloat16)
     with pytest.raises(Unsupported, match=r"model 'm': engine tensor 'x' is of TensorRT type FP8"):
         numpy_dtype_of(_Trt, "FP8", "m", "x")
+    lean = SimpleNamespace(DataType=_Trt.DataType)  # a runtime without nptype: by the type's name
+    assert numpy_dtype_of(lean, SimpleNamespace(name="INT64"), "m", "x") == np.int64
+    with pytest.raises(Unsupported):
+        numpy_dtype_of(lean, SimpleNamespace(name="FP8"), "m", "x")
 
 
 def test_tensorrt_retains_its_context_once_and_makes_it_current_per_call() -> None:
