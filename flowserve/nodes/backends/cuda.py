@@ -321,6 +321,10 @@ def declare_ipc(cudart: Any) -> Any:
     if error_string is not None:
         error_string.argtypes = [ctypes.c_int]
         error_string.restype = ctypes.c_char_p
+    set_device = getattr(cudart, "cudaSetDevice", None)  # cudaError_t cudaSetDevice(int device)
+    if set_device is not None:
+        set_device.argtypes = [ctypes.c_int]
+        set_device.restype = ctypes.c_int
     return cudart
 
 
@@ -351,6 +355,12 @@ class IpcRegion:
         self._torch = torch
         self._cudart = _cudart()
         with torch.cuda.device(device_id):
+            # the handle opens on the calling thread's current device: device_id, for this
+            # runtime too (torch set it through its own, which may be another copy of libcudart)
+            set_device = getattr(self._cudart, "cudaSetDevice", None)
+            status = set_device(device_id) if set_device is not None else 0
+            if status != 0:
+                raise RuntimeError(f"cudaSetDevice({device_id}) failed ({cuda_error(self._cudart, status)})")
             pointer = ctypes.c_void_p()
             handle = _ipc_handle_type().from_buffer_copy(raw_handle)
             # cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned flags):

@@ -69,12 +69,54 @@ def test_the_runtimes_error_text_is_declared_as_a_pointer() -> None:
         def __call__(self, status: int) -> bytes:
             return b"invalid argument"
 
-    lib = SimpleNamespace(cudaIpcOpenMemHandle=Fn(), cudaIpcCloseMemHandle=Fn(), cudaGetErrorString=Fn())
+    lib = SimpleNamespace(
+        cudaIpcOpenMemHandle=Fn(), cudaIpcCloseMemHandle=Fn(), cudaGetErrorString=Fn(), cudaSetDevice=Fn()
+    )
     declare_ipc(lib)
+    assert lib.cudaSetDevice.argtypes == [ctypes.c_int] and lib.cudaSetDevice.restype is ctypes.c_int
     assert lib.cudaGetErrorString.restype is ctypes.c_char_p  # an int restype truncates a 64-bit pointer
     assert lib.cudaGetErrorString.argtypes == [ctypes.c_int]
     assert cuda_error(lib, 1) == "cudaError 1: invalid argument"
     assert cuda_error(SimpleNamespace(), 201) == "cudaError 201"
+
+
+def test_a_handle_opens_on_its_device_and_a_failure_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    calls: list[tuple[Any, ...]] = []
+
+    class Runtime:
+        status = 0
+
+        def cudaSetDevice(self, device: int) -> int:  # noqa: N802 (CUDA's name)
+            calls.append(("set", device))
+            return 0
+
+        def cudaIpcOpenMemHandle(self, pointer: Any, handle: Any, flags: int) -> int:  # noqa: N802 (CUDA's name)
+            calls.append(("open", ctypes.string_at(ctypes.addressof(handle), 64), flags))
+            if not self.status:
+                ctypes.cast(pointer, ctypes.POINTER(ctypes.c_void_p))[0] = 0x7000
+            return self.status
+
+        def cudaGetErrorString(self, status: int) -> bytes:  # noqa: N802 (CUDA's name)
+            return b"invalid device context"
+
+        def cudaIpcCloseMemHandle(self, pointer: Any) -> int:  # noqa: N802 (CUDA's name)
+            calls.append(("close", pointer.value))
+            return 0
+
+    runtime = Runtime()
+    monkeypatch.setattr(cuda, "_cudart", lambda: runtime)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    handle = bytes(range(64))  # a NUL byte first: the struct goes whole
+    region = cuda.IpcRegion(handle, 1, 4096)
+    assert calls[:2] == [("set", 1), ("open", handle, 1)] and region.pointer == 0x7000
+    region.close()
+    assert calls[-1] == ("close", 0x7000) and region.pointer == 0
+    runtime.status = 201
+    with pytest.raises(
+        RuntimeError, match=r"cudaIpcOpenMemHandle failed \(cudaError 201: invalid device context\)"
+    ):
+        cuda.IpcRegion(handle, 1, 4096)
 
 
 def test_torch_2_13s_version_3_handle_is_unwrapped() -> None:
