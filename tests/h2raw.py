@@ -188,8 +188,19 @@ class RawClient:
             self.sock.sendall(data)
             return True
         except OSError:
+            self._drain()  # what the server said before it closed (its GOAWAY) is still to read
             self.closed = True
             return False
+
+    def _drain(self) -> None:
+        """Read what the socket already holds (after a failed send: a reset ends the sending,
+        not the reading of the bytes that arrived before it)."""
+        self.sock.settimeout(0.2)
+        try:
+            while chunk := self.sock.recv(1 << 20):
+                self.data += chunk
+        except OSError:
+            pass
 
     def _recv(self, deadline: float) -> bool:
         left = deadline - time.monotonic()
