@@ -275,6 +275,51 @@ async def test_return_outputs_only_when_asked(engine: flowserve.Engine) -> None:
     assert sum(int(r.outputs["num_output_tokens"][0]) for r in sampled) == 8
 
 
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("top", [None, 0, 2])
+async def test_logprobs_as_tritons_vllm_backend_returns_them(
+    engine: flowserve.Engine, stream: bool, top: int | None
+) -> None:
+    """Triton's additional outputs test, greedy: ``logprobs`` (JSON) per response, one entry per
+    token of that response (as many as num_output_tokens), each naming the token and the N most
+    likely with their log-probability, rank and decoded text; the rank-1 tokens' texts add up to
+    the text; null when the sampling parameters ask for no logprobs. The cumulative
+    log-probability is the model's own, so it changes with every greedy token too."""
+    params: dict[str, object] = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    if top is not None:
+        params["logprobs"] = top
+    returns = ("logprobs", "num_output_tokens", "cumulative_logprob")
+    responses = await collect(engine, request("hello world", stream=stream, returns=returns, **params))
+    previous = 0.0
+    for response in responses:
+        cumulative = float(response.outputs["cumulative_logprob"][0])
+        assert cumulative != previous and cumulative < 0
+        previous = cumulative
+        entries = json.loads(response.outputs["logprobs"][0].decode())
+        if top is None:
+            assert entries is None
+            continue
+        assert len(entries) == int(response.outputs["num_output_tokens"][0]) >= 1
+        text = ""
+        for entry in entries:
+            assert 1 <= len(entry) <= top + 1
+            ones = [v for v in entry.values() if v["rank"] == 1]
+            assert len(ones) == 1
+            text += ones[0]["decoded_token"]
+            for token, value in entry.items():
+                assert token.isdigit() and set(value) == {"logprob", "rank", "decoded_token"}
+                assert isinstance(value["logprob"], float) and value["logprob"] <= 0
+        assert text == texts([response])[0]
+    # not asked for: absent
+    plain = await collect(engine, request("hello world", stream=stream, returns=(), **params))
+    assert all("logprobs" not in r.outputs for r in plain)
+
+
+async def test_logprobs_beyond_the_limit_are_refused(engine: flowserve.Engine) -> None:
+    with pytest.raises(FlowserveError, match=r"'logprobs' must be in 0\.\.20"):
+        await collect(engine, request("hello world", logprobs=21, max_tokens=2))
+
+
 async def test_a_traced_generation_has_token_counts_and_ttft(engine: flowserve.Engine) -> None:
     from flowserve.core.node import Span
 

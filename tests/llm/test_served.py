@@ -198,6 +198,57 @@ async def test_chat_streams_deltas_and_honours_stop(served: Served) -> None:
     assert stopped.choices[0].finish_reason == "stop"
 
 
+async def test_logprobs_in_openais_shape(served: Served) -> None:
+    """Completions ``logprobs`` N and chat ``logprobs`` / ``top_logprobs`` N, whole and streamed:
+    each token's log-probability, its text (the tokens add up to the answer) and the N most
+    likely tokens; absent when not asked for."""
+    common: dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 5,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    out = await client(served).completions.create(prompt="hello world", logprobs=2, **common)
+    lp = out.choices[0].logprobs
+    assert lp is not None and len(lp.tokens) == 5 and "".join(lp.tokens) == out.choices[0].text
+    assert all(v < 0 for v in lp.token_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    # greedy: each token is the most likely one
+    assert all(max(top.values()) == pytest.approx(v) for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
+    streamed = await client(served).completions.create(
+        prompt="hello world", logprobs=2, stream=True, **common
+    )
+    tokens = [
+        t
+        for c in [c async for c in streamed]
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert tokens == lp.tokens
+    plain = await client(served).completions.create(prompt="hello world", **common)
+    assert plain.choices[0].logprobs is None
+    messages = [{"role": "user", "content": "hello"}]
+    chat = await client(served).chat.completions.create(
+        messages=messages, logprobs=True, top_logprobs=3, **common
+    )
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 and t.bytes == list(t.token.encode()) for t in content)
+    assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in content)
+    chat_stream = await client(served).chat.completions.create(
+        messages=messages, logprobs=True, stream=True, **common
+    )
+    streamed_tokens = [
+        t.token
+        for c in [c async for c in chat_stream]
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert streamed_tokens == [t.token for t in content]
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        await client(served).chat.completions.create(messages=messages, top_logprobs=2, **common)
+
+
 async def test_n_choices(served: Served) -> None:
     out = await client(served).completions.create(
         model="tiny", prompt="hello", max_tokens=3, n=3, temperature=0, extra_body={"ignore_eos": True}

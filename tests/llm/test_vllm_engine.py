@@ -24,9 +24,9 @@ from flowserve.core.errors import InvalidArgument, ResourceExhausted, Unavailabl
 from flowserve.core.types import InferRequest
 from flowserve.nodes.backends._support import gpu_count
 from flowserve.nodes.llm.backend import make_engine
-from flowserve.nodes.llm.engine import Sampling, Tokens
+from flowserve.nodes.llm.engine import Ranked, Sampling, Tokens
 from flowserve.nodes.llm.params import engine_config
-from flowserve.nodes.llm.vllm_engine import VllmEngine, engine_arguments, vllm_installed
+from flowserve.nodes.llm.vllm_engine import VllmEngine, _token_logprobs, engine_arguments, vllm_installed
 from tests.llm import fake_vllm
 from tests.llm.fake_vllm import TEXT
 from tests.llm.tinymodel import write_llm_model
@@ -214,6 +214,23 @@ async def test_deltas_stream_each_token_once_with_the_request_sampling(fake: Any
         assert fake.ENGINES[0].abort_calls == 0  # a finished request's stream ends: nothing to abort
     finally:
         await engine.stop()
+
+
+def test_vllm_logprobs_become_each_tokens_value_rank_and_likeliest(fake: Any) -> None:
+    """vLLM's per-position ``{token id: Logprob}`` holds the N most likely and the sampled token
+    (with its own rank when it is not one of them): the token's value and rank, the N best."""
+    logprob = fake_vllm.Logprob
+    positions = [
+        {5: logprob(-0.1, 1), 7: logprob(-2.5, 2)},  # the sampled token is the likeliest
+        {3: logprob(-0.3, 1), 4: logprob(-1.9, 2), 9: logprob(-4.0, 6)},  # sampled 9, ranked 6th
+    ]
+    values, ranked = _token_logprobs([5, 9], positions, 2)
+    assert values == [-0.1, -4.0]
+    assert ranked == [Ranked(1, ((5, -0.1), (7, -2.5))), Ranked(6, ((3, -0.3), (4, -1.9)))]
+    assert _token_logprobs([5], positions[:1], 0) == ([-0.1], [Ranked(1, ())])
+    # SamplingParams.logprobs: None (none asked), 0 (the token's own), N
+    assert Sampling().logprob_count is None and Sampling(logprobs=True).logprob_count == 0
+    assert Sampling(logprobs=True, top_logprobs=3).logprob_count == 3
 
 
 async def test_a_slow_consumer_gets_the_merged_deltas(fake: Any, tmp_path: Path) -> None:

@@ -151,9 +151,10 @@ class OpenAIApp:
                 else:
                     index, p = item
                     assert p is not None
+                    offset = len(choices[index].text)
                     choices[index].add(p)
                     if p.text or p.finish_reason:
-                        await _event(send, tr.chunk_object(req, index, p, first=False))
+                        await _event(send, tr.chunk_object(req, index, p, first=False, offset=offset))
             else:
                 if req.include_usage:
                     await _event(send, tr.usage_chunk(req, choices))

@@ -19,6 +19,7 @@ from flowserve.core.types import InferRequest, InferResponse
 # request keys handed to the node's sampling parameters (as Triton's vLLM backend reads them)
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 MAX_N = 16
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (and completions' logprobs) at most
 
 
 @dataclass(slots=True)
@@ -35,6 +36,26 @@ class Completion:
     include_usage: bool = False
     id: str = ""
     created: int = 0
+    logprobs: int | None = None  # None: not asked; N: each token's and the N most likely
+
+
+def _logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
+    """What a request asks of log-probabilities: chat ``logprobs`` true with ``top_logprobs`` N,
+    completions ``logprobs`` N."""
+    if chat:
+        top = body.get("top_logprobs")
+        if not body.get("logprobs"):
+            if top is not None:
+                raise InvalidArgument("'top_logprobs' needs 'logprobs': true")
+            return None
+        value, name = (0 if top is None else top), "top_logprobs"
+    else:
+        value, name = body.get("logprobs"), "logprobs"
+        if value is None:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"'{name}' must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {value!r}")
+    return value
 
 
 def read_completion(body: Any, chat: bool) -> Completion:
@@ -51,6 +72,9 @@ def read_completion(body: Any, chat: bool) -> Completion:
     sampling = {k: body[k] for k in SAMPLING if body.get(k) is not None}
     if chat and body.get("max_completion_tokens") is not None:
         sampling["max_tokens"] = body["max_completion_tokens"]
+    logprobs = _logprobs_asked(body, chat)
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
     prefix = "chatcmpl" if chat else "cmpl"
     req = Completion(
         model=model,
@@ -61,6 +85,7 @@ def read_completion(body: Any, chat: bool) -> Completion:
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         id=f"{prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),
+        logprobs=logprobs,
     )
     if chat:
         messages = body.get("messages")
@@ -108,6 +133,8 @@ def plane_request(req: Completion, inputs: Sequence[str], index: int = 0) -> Inf
         "return_num_input_tokens": np.array([True]),
         "return_num_output_tokens": np.array([True]),
     }
+    if req.logprobs is not None:
+        optional["return_logprobs"] = np.array([True])
     tensors.update({k: v for k, v in optional.items() if k in have})
     return InferRequest(model=req.model, inputs=tensors)
 
@@ -127,6 +154,8 @@ class Piece:
     finish_reason: str | None
     prompt_tokens: int | None
     output_tokens: int
+    # the node's logprobs output: per token {"<id>": {"logprob", "rank", "decoded_token"}}
+    logprobs: list[dict[str, dict[str, Any]]] | None = None
 
 
 def piece(response: InferResponse) -> Piece:
@@ -135,7 +164,9 @@ def piece(response: InferResponse) -> Piece:
     reason = _first(out.get("finish_reason"))
     prompt = out.get("num_input_tokens")
     tokens = out.get("num_output_tokens")
+    entries = _first(out.get("logprobs"))
     return Piece(
+        logprobs=json.loads(entries) if isinstance(entries, str) and entries else None,
         text=text if isinstance(text, str) else "",
         # Triton's vLLM backend says "None" until the last response
         finish_reason=reason if isinstance(reason, str) and reason not in ("", "None") else None,
@@ -160,8 +191,11 @@ class Choice:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
+    logprobs: list[dict[str, dict[str, Any]]] | None = None
 
     def add(self, p: Piece) -> None:
+        if p.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + p.logprobs
         self.text += p.text
         self.finish_reason = p.finish_reason or self.finish_reason
         if p.prompt_tokens is not None:
@@ -181,14 +215,19 @@ def completion_object(req: Completion, choices: Sequence[Choice]) -> dict[str, A
             {
                 "index": i,
                 "message": {"role": "assistant", "content": c.text},
-                "logprobs": None,
+                "logprobs": openai_logprobs(req, c.logprobs, 0),
                 "finish_reason": c.finish_reason or "stop",
             }
             for i, c in enumerate(choices)
         ]
     else:
         body = [
-            {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason or "stop"}
+            {
+                "index": i,
+                "text": c.text,
+                "logprobs": openai_logprobs(req, c.logprobs, 0),
+                "finish_reason": c.finish_reason or "stop",
+            }
             for i, c in enumerate(choices)
         ]
     return {
@@ -201,19 +240,65 @@ def completion_object(req: Completion, choices: Sequence[Choice]) -> dict[str, A
     }
 
 
-def chunk_object(req: Completion, index: int, p: Piece | None, first: bool) -> dict[str, Any]:
+def openai_logprobs(
+    req: Completion, entries: list[dict[str, dict[str, Any]]] | None, offset: int
+) -> dict[str, Any] | None:
+    """The node's logprobs entries in OpenAI's shape: chat ``{"content": [{"token", "logprob",
+    "bytes", "top_logprobs"}]}``, completions ``{"tokens", "token_logprobs", "top_logprobs",
+    "text_offset"}`` (``offset``: where the entries' text starts in the choice's text); None when
+    the request did not ask (or the model has no log-probabilities)."""
+    if req.logprobs is None or entries is None:
+        return None
+    most = req.logprobs
+    picked = []
+    for entry in entries:
+        values = list(entry.values())  # the token first, then the most likely
+        top = sorted((v for v in values if v["rank"] <= most), key=lambda v: v["rank"])
+        picked.append((values[0], top))
+    if req.chat:
+        return {
+            "content": [
+                {
+                    **_chat_token(own),
+                    "top_logprobs": [_chat_token(v) for v in top],
+                }
+                for own, top in picked
+            ]
+        }
+    offsets = []
+    for own, _ in picked:
+        offsets.append(offset)
+        offset += len(own["decoded_token"])
+    return {
+        "tokens": [own["decoded_token"] for own, _ in picked],
+        "token_logprobs": [own["logprob"] for own, _ in picked],
+        "top_logprobs": [{v["decoded_token"]: v["logprob"] for v in top} for _, top in picked],
+        "text_offset": offsets,
+    }
+
+
+def _chat_token(value: dict[str, Any]) -> dict[str, Any]:
+    text = value["decoded_token"]
+    return {"token": text, "logprob": value["logprob"], "bytes": list(text.encode())}
+
+
+def chunk_object(
+    req: Completion, index: int, p: Piece | None, first: bool, offset: int = 0
+) -> dict[str, Any]:
     """One streamed chunk for choice ``index`` (``p`` None: the opening chunk of a chat choice,
-    which carries the role)."""
+    which carries the role; ``offset``: where its text starts in the choice's text)."""
     reason = p.finish_reason if p is not None else None
+    logprobs = openai_logprobs(req, p.logprobs, offset) if p is not None else None
     if req.chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if p is not None and p.text:
             delta["content"] = p.text
         elif first:
             delta["content"] = ""
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice: dict[str, Any] = {"index": index, "delta": delta}
+        choice.update(logprobs=logprobs, finish_reason=reason)
     else:
-        choice = {"index": index, "text": p.text if p else "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": p.text if p else "", "logprobs": logprobs, "finish_reason": reason}
     return {
         "id": req.id,
         "object": "chat.completion.chunk" if req.chat else "text_completion",

@@ -8,8 +8,12 @@ when config.pbtxt leaves them out, as Triton does), plus an optional ``messages`
 list of chat messages that the tokenizer's chat template turns into the prompt (``text_input``
 is then ignored). One request is one sequence. As in Triton's vLLM backend, a response carries
 ``text_output`` and, only when the request's ``return_*`` input is true, ``finish_reason``
-("None" but on the last response), ``cumulative_logprob`` (of the tokens so far),
-``num_input_tokens`` (the prompt's) and ``num_output_tokens`` (since the previous response); a
+("None" but on the last response), ``cumulative_logprob`` (of the tokens so far), ``logprobs``
+(JSON: for each token since the previous response ``{"<token id>": {"logprob", "rank",
+"decoded_token"}}`` for it and the ``logprobs`` most likely tokens that its sampling parameters
+ask for; ``null`` when they ask for none), ``num_input_tokens`` (the prompt's) and
+``num_output_tokens`` (since the previous response); log-probabilities are the model's own, before
+temperature, top-k and top-p, as vLLM reports them; a
 graph wired to the others sees them absent (the node has partial outputs). With ``stream`` true each response
 carries the text decoded since the last one, else one response carries it all (with the prompt in front
 unless ``exclude_input_in_output``). The model is decoupled: every response travels on through
@@ -37,7 +41,7 @@ from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import InvalidArgument, ResourceExhausted, Unsupported
 from flowserve.core.node import Context, Span, TensorMap
 from flowserve.nodes.backends.base import BackendNode
-from flowserve.nodes.llm.engine import Engine, Sampling
+from flowserve.nodes.llm.engine import Engine, Ranked, Sampling, Tokens
 from flowserve.nodes.llm.metrics import LlmMetrics
 from flowserve.nodes.llm.params import (
     EngineConfig,
@@ -62,6 +66,7 @@ INPUTS = (
     TensorSpec("exclude_input_in_output", "BOOL", (1,), optional=True),
     TensorSpec("return_finish_reason", "BOOL", (1,), optional=True),
     TensorSpec("return_cumulative_logprob", "BOOL", (1,), optional=True),
+    TensorSpec("return_logprobs", "BOOL", (1,), optional=True),
     TensorSpec("return_num_input_tokens", "BOOL", (1,), optional=True),
     TensorSpec("return_num_output_tokens", "BOOL", (1,), optional=True),
     TensorSpec("messages", "BYTES", (1,), optional=True),
@@ -70,11 +75,12 @@ OUTPUTS = (
     TensorSpec("text_output", "BYTES", (-1,)),
     TensorSpec("finish_reason", "BYTES", (-1,)),
     TensorSpec("cumulative_logprob", "FP32", (-1,)),
+    TensorSpec("logprobs", "BYTES", (-1,)),
     TensorSpec("num_input_tokens", "UINT32", (1,)),
     TensorSpec("num_output_tokens", "UINT32", (-1,)),
 )
 # the outputs a request asks for with its return_* inputs
-RETURNS = ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")
+RETURNS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
 # how often the running/waiting/KV-cache gauges are read from the engine
 LOAD_PERIOD_S = 0.5
 # a traced generation's span attributes (the names of vLLM's request spans)
@@ -191,6 +197,8 @@ class LlmBackend(BackendNode):
         generated = 0
         unsent = 0  # tokens since the last response (a response may wait for text to settle)
         logprob = 0.0
+        # the logprobs output's entries of the tokens since the last response, when asked for
+        ranked: list[dict[str, Any]] | None = [] if request.ranked else None
         reason = "abort"
         pieces: list[str] = [prompt_text] if request.prepend else []
         tokens = engine.generate(request_id, prompt, request.sampling)
@@ -205,6 +213,8 @@ class LlmBackend(BackendNode):
                     first = first or now
                 if chunk.logprobs:
                     logprob += float(sum(chunk.logprobs))
+                if ranked is not None:
+                    ranked += _ranked_entries(chunk, decode)
                 generated += len(chunk.ids)
                 unsent += len(chunk.ids)
                 delta = text.push(chunk.ids)
@@ -215,14 +225,17 @@ class LlmBackend(BackendNode):
                     reason = "stop" if text.stopped else (chunk.reason or "stop")
                 if request.stream:
                     if delta or done:
-                        yield request.response(delta, reason if done else None, len(prompt), unsent, logprob)
+                        yield request.response(
+                            delta, reason if done else None, len(prompt), unsent, logprob, ranked
+                        )
                         unsent = 0
+                        ranked = [] if ranked is not None else None
                 else:
                     pieces.append(delta)
                 if done:
                     break
             if not request.stream:
-                yield request.response("".join(pieces), reason, len(prompt), generated, logprob)
+                yield request.response("".join(pieces), reason, len(prompt), generated, logprob, ranked)
         finally:
             self.active -= 1
             await tokens.aclose()  # cancels the sequence unless it finished
@@ -276,6 +289,7 @@ class GenerationRequest:
         prepend: bool,
         sampling: Sampling,
         returns: frozenset[str] = frozenset(),
+        ranked: bool = False,
     ) -> None:
         self.text = text
         self.messages = messages
@@ -283,9 +297,16 @@ class GenerationRequest:
         self.prepend = prepend
         self.sampling = sampling
         self.returns = returns
+        self.ranked = ranked  # the logprobs output, with entries (its sampling asks for logprobs)
 
     def response(
-        self, text: str, reason: str | None, prompt_tokens: int, output_tokens: int, logprob: float = 0.0
+        self,
+        text: str,
+        reason: str | None,
+        prompt_tokens: int,
+        output_tokens: int,
+        logprob: float = 0.0,
+        ranked: list[dict[str, Any]] | None = None,
     ) -> TensorMap:
         """One response's tensors: ``text_output`` and the outputs asked for, with the values
         Triton's vLLM backend gives (``finish_reason`` "None" until the last response)."""
@@ -296,6 +317,8 @@ class GenerationRequest:
                 out["finish_reason"] = np.array([str(reason).encode()], dtype=object)
             if "cumulative_logprob" in returns:
                 out["cumulative_logprob"] = np.array([logprob], dtype=np.float32)
+            if "logprobs" in returns:
+                out["logprobs"] = np.array([json.dumps(ranked).encode()], dtype=object)
             if "num_input_tokens" in returns:
                 out["num_input_tokens"] = np.array([prompt_tokens], dtype=np.uint32)
             if "num_output_tokens" in returns:
@@ -367,6 +390,31 @@ def parse_request(
     else:
         sampling = sampling_from(model, params, default_max_tokens, strict=False, where="parameter")
     returns = frozenset(name for name in RETURNS if _flag(inputs, f"return_{name}", False))
+    # the logprobs output has entries when the sampling parameters ask for logprobs (else null)
+    ranked = "logprobs" in returns and sampling.logprob_count is not None
     if "cumulative_logprob" in returns:
         sampling = dataclasses.replace(sampling, logprobs=True)
-    return GenerationRequest(text, messages, stream, prepend, sampling, returns)
+    return GenerationRequest(text, messages, stream, prepend, sampling, returns, ranked)
+
+
+def _ranked_entries(chunk: Tokens, decode: Any) -> list[dict[str, Any]]:
+    """The logprobs output's entries for a chunk's tokens, as Triton's vLLM backend writes them:
+    per token ``{"<id>": {"logprob", "rank", "decoded_token"}}`` for the token (first) and the
+    most likely tokens at its position (ranked 1, 2, ...). ``decode``: the tokenizer's, as the
+    text is decoded (the decoded tokens of a greedy answer add up to its text)."""
+    entries: list[dict[str, Any]] = []
+    values = chunk.logprobs or ()
+    ranks = chunk.ranked or ()
+    for i, token in enumerate(chunk.ids):
+        ranked = ranks[i] if i < len(ranks) else Ranked(1)
+        value = float(values[i]) if i < len(values) else 0.0
+        entry = {str(token): _entry(value, ranked.rank, token, decode)}
+        for rank, (other, other_value) in enumerate(ranked.top, start=1):
+            if str(other) not in entry:
+                entry[str(other)] = _entry(other_value, rank, other, decode)
+        entries.append(entry)
+    return entries
+
+
+def _entry(value: float, rank: int, token: int, decode: Any) -> dict[str, Any]:
+    return {"logprob": value, "rank": rank, "decoded_token": decode([token], skip_special_tokens=True)}

@@ -102,7 +102,9 @@ SAMPLING_KEYS: dict[str, type] = {
     "seed": int,
     "stop": list,
     "ignore_eos": bool,
+    "logprobs": int,
 }
+MAX_LOGPROBS = 20  # the most alternatives a token may report (vLLM's default max_logprobs)
 # sampling keys of vLLM's that this engine layer does not apply (refused, not silently dropped)
 UNSUPPORTED_KEYS = frozenset(
     {
@@ -113,7 +115,6 @@ UNSUPPORTED_KEYS = frozenset(
         "repetition_penalty",
         "min_p",
         "min_tokens",
-        "logprobs",
         "prompt_logprobs",
         "use_beam_search",
         "length_penalty",
@@ -157,6 +158,8 @@ def sampling_from(
         seed=values.get("seed"),
         stop=tuple(values.get("stop", ())),
         ignore_eos=values.get("ignore_eos", False),
+        logprobs="logprobs" in values,
+        top_logprobs=values.get("logprobs", 0),
     )
     check_sampling(model, sampling, where)
     return sampling
@@ -199,6 +202,8 @@ def check_sampling(model: str, s: Sampling, where: str) -> None:
         problems.append(f"'top_k' must be >= 0 (or -1: off), got {s.top_k}")
     if any(not stop for stop in s.stop):
         problems.append("'stop' strings must not be empty")
+    if not 0 <= s.top_logprobs <= MAX_LOGPROBS:
+        problems.append(f"'logprobs' must be in 0..{MAX_LOGPROBS}, got {s.top_logprobs}")
     if problems:
         raise InvalidArgument(f"model '{model}': {where}: " + "; ".join(problems))
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from flowserve.core.errors import InternalError, InvalidArgument, Unavailable
 from flowserve.nodes.backends._support import require
-from flowserve.nodes.llm.engine import EngineLoad, Sampling, Tokenizer, Tokens
+from flowserve.nodes.llm.engine import EngineLoad, Ranked, Sampling, Tokenizer, Tokens
 from flowserve.nodes.llm.params import EngineConfig
 from flowserve.nodes.llm.sampler import RowSampler, row_for
 
@@ -168,6 +169,11 @@ class TransformersEngine:
         manager.register_result_handler(request_id, outputs.put_nowait)
         rows = self._sampler.rows if self._sampler is not None else {}
         rows[request_id] = row_for(self._torch, sampling, self.device)
+        ranked_by_request = self._sampler.ranked if self._sampler is not None else {}
+        ranked: deque[Ranked] | None = None
+        logprobs = sampling.logprob_count is not None
+        if logprobs:
+            ranked = ranked_by_request[request_id] = deque()
         finished = False
         try:
             added = manager.add_request(
@@ -180,7 +186,6 @@ class TransformersEngine:
             if added is None:
                 raise Unavailable(f"model '{self.model_name}': the engine is not accepting requests")
             sent = 0
-            logprobs = sampling.logprobs
             while not finished:
                 out = await outputs.get()
                 if out.error is not None:
@@ -188,6 +193,10 @@ class TransformersEngine:
                     raise InternalError(f"model '{self.model_name}': generation failed: {out.error}")
                 ids = out.generated_tokens
                 new, first, sent = ids[sent:], sent, len(ids)
+                # the sampler queued one Ranked per token, before the token reached this output
+                ranks = None
+                if ranked is not None:
+                    ranks = [ranked.popleft() for _ in range(min(len(new), len(ranked)))]
                 finished = out.is_finished()
                 reason = None
                 if finished:
@@ -195,9 +204,10 @@ class TransformersEngine:
                     if reason == "stop" and ids and ids[-1] in self.eos:
                         new = new[:-1]  # the end-of-sequence token is no output
                 probs = out.logprobs[first : first + len(new)] if logprobs else None
-                yield Tokens(new, finished, reason, probs)
+                yield Tokens(new, finished, reason, probs, ranks[: len(new)] if ranks is not None else None)
         finally:
             rows.pop(request_id, None)
+            ranked_by_request.pop(request_id, None)
             if not finished:  # cancelled: its sequence and KV blocks go at the next step
                 manager.cancel_request(request_id)
                 router = manager.output_router

@@ -48,7 +48,7 @@ from flowserve.core.errors import (
     Unavailable,
     Unsupported,
 )
-from flowserve.nodes.llm.engine import EngineLoad, Sampling, Tokenizer, Tokens
+from flowserve.nodes.llm.engine import EngineLoad, Ranked, Sampling, Tokenizer, Tokens
 from flowserve.nodes.llm.params import OWN_KEYS, TRANSFORMERS_KEYS, EngineConfig
 
 log = logging.getLogger("flowserve.llm")
@@ -258,7 +258,7 @@ class VllmEngine:
                 top_k=max(sampling.top_k, 0),  # 0: off (vLLM still takes -1, but prefers 0)
                 seed=sampling.seed,
                 ignore_eos=sampling.ignore_eos,
-                logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
+                logprobs=sampling.logprob_count,  # 0: the sampled token's only; N: and the N likeliest
                 detokenize=False,
                 output_kind=api.delta,
             )
@@ -274,6 +274,7 @@ class VllmEngine:
         if engine is None or api is None:
             raise Unavailable(f"model '{self.model_name}': the engine is not running")
         params = self.sampling_params(sampling)
+        wants_logprobs = sampling.logprob_count is not None
         stream = engine.generate(
             prompt=api.tokens_prompt(prompt_token_ids=list(prompt)),
             sampling_params=params,
@@ -289,13 +290,13 @@ class VllmEngine:
                 ids = list(completion.token_ids) if completion is not None else []  # DELTA: new only
                 if not ids and not finished:
                     continue
-                probs = None
-                if completion is not None and sampling.logprobs and completion.logprobs is not None:
-                    probs = _token_logprobs(ids, completion.logprobs)
+                probs = ranked = None
+                if completion is not None and completion.logprobs is not None and wants_logprobs:
+                    probs, ranked = _token_logprobs(ids, completion.logprobs, sampling.top_logprobs)
                 reason = None
                 if finished:
                     reason = (completion.finish_reason if completion is not None else None) or "abort"
-                tokens = Tokens(ids, finished, reason, probs)
+                tokens = Tokens(ids, finished, reason, probs, ranked)
                 if finished:  # yielded once vLLM's generator has ended: closing it then aborts nothing
                     last = tokens
                     continue
@@ -347,14 +348,22 @@ def _load_of(stats: Any) -> EngineLoad:
     )
 
 
-def _token_logprobs(ids: Sequence[int], logprobs: Iterable[Any]) -> list[float]:
-    """Each new token's log-probability from vLLM's per-position ``{token id: Logprob}``
-    (the sampled token is always there)."""
-    values = []
+def _token_logprobs(
+    ids: Sequence[int], logprobs: Iterable[Any], most: int
+) -> tuple[list[float], list[Ranked]]:
+    """Each new token's log-probability and :class:`Ranked` from vLLM's per-position
+    ``{token id: Logprob(logprob, rank, decoded_token)}``: the ``most`` likely tokens (the
+    request's ``SamplingParams.logprobs``) and the sampled token, when it is not one of them."""
+    values: list[float] = []
+    ranked: list[Ranked] = []
     for token, position in zip(ids, logprobs, strict=False):
-        entry = position.get(token) if position is not None else None
+        entries = dict(position) if position is not None else {}
+        entry = entries.get(token)
         values.append(float(entry.logprob) if entry is not None else 0.0)
-    return values
+        rank = getattr(entry, "rank", None) if entry is not None else None
+        best = sorted(((int(t), float(e.logprob)) for t, e in entries.items()), key=lambda pair: -pair[1])
+        ranked.append(Ranked(int(rank) if rank else 1, tuple(best[:most])))
+    return values, ranked
 
 
 def _shut_down_when_built(build: asyncio.Future[Any]) -> None:
