@@ -15,8 +15,9 @@ stream handed to ONNX Runtime as ``user_compute_stream``: device inputs are boun
 are after the instance's stream waited on their producer's event, host inputs are copied in
 through the instance's pinned staging (flowserve/nodes/backends/staging.py: a pinned block, then
 an asynchronous copy on the instance's stream; counted as bytes copied), outputs stay on the
-device (ONNX Runtime's OrtValues seen as torch tensors through DLPack, which a batch can split
-by rows) with an event recorded on the stream (read on the host through the same staging), and
+device (ONNX Runtime's OrtValues seen as torch tensors through DLPack and copied on the
+instance's stream into torch's memory, whose lifetime across streams torch tracks; a batch can
+split them by rows) with an event recorded on the stream (read on the host through the same staging), and
 the run does not synchronise the device (``disable_synchronize_execution_providers``).
 Without a CUDA torch to make streams and events, a GPU instance copies its outputs back as
 before. Session options come from config ``parameters`` with Triton's ORT backend names:
@@ -301,7 +302,11 @@ class OnnxRuntimeBackend(BackendNode):
             self.stats.add_copied(copied)
         torch = instance.ops.torch
         with torch.cuda.device(device), torch.cuda.stream(stream):
-            outputs = as_torch(torch, binding.get_outputs())
+            # copied (device to device) into torch's caching allocator on ORT's stream: ONNX
+            # Runtime's arena may give an output's memory to its next run as soon as the OrtValue
+            # goes, while a consumer on another stream still reads it, and record_stream does not
+            # reach memory torch did not allocate; the copy is ordered before that next run
+            outputs = [value.clone() for value in as_torch(torch, binding.get_outputs())]
         to_numpy = instance.staging.to_numpy if instance.staging is not None else None
         return {
             name: cuda_tensor(value, stream, instance.ops, where, to_numpy)
