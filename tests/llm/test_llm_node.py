@@ -104,6 +104,37 @@ async def test_stop_string_ends_the_text_before_it(engine: flowserve.Engine) -> 
     assert stopped.outputs["finish_reason"][0] == b"stop"
 
 
+async def test_include_stop_str_in_output_and_stop_token_ids(engine: flowserve.Engine) -> None:
+    """vLLM's ``include_stop_str_in_output`` (the text ends after the stop string) and
+    ``stop_token_ids`` (the first such token ends the sequence and stays in the output)."""
+    greedy = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    returns = ("logprobs", "num_output_tokens", "finish_reason")
+    (free,) = await collect(engine, request("the quick", stream=False, returns=returns, logprobs=0, **greedy))
+    text = texts([free])[0]
+    ids = [int(next(iter(e))) for e in json.loads(free.outputs["logprobs"][0].decode())]
+    assert len(ids) == 12
+    stop = text[2:4]
+    (kept,) = await collect(
+        engine, request("the quick", stream=False, stop=[stop], include_stop_str_in_output=True, **greedy)
+    )
+    assert texts([kept])[0] == text[: text.index(stop) + len(stop)]
+    stop_id = ids[3]
+    until = ids.index(stop_id) + 1
+    for stream in (False, True):
+        stopped = await collect(
+            engine,
+            request(
+                "the quick", stream=stream, returns=returns, logprobs=0, stop_token_ids=[stop_id], **greedy
+            ),
+        )
+        got = [int(next(iter(e))) for r in stopped for e in json.loads(r.outputs["logprobs"][0].decode())]
+        assert got == ids[:until]
+        assert sum(int(r.outputs["num_output_tokens"][0]) for r in stopped) == until
+        assert stopped[-1].outputs["finish_reason"][0] == b"stop"
+    with pytest.raises(FlowserveError, match="'stop_token_ids' must be a list of token ids"):
+        await collect(engine, request("the quick", stop_token_ids=["x"], max_tokens=2))
+
+
 async def test_chat_messages_use_the_chat_template(engine: flowserve.Engine) -> None:
     req = request("", stream=False, temperature=0, max_tokens=3, ignore_eos=True)
     req.inputs["messages"] = np.array(

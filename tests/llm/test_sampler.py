@@ -67,7 +67,11 @@ def test_log_probabilities_are_the_models_own_with_ranks_and_the_likeliest() -> 
     (a greedy token's is below 0), the token's rank among them, the N most likely; computed only
     for the rows that ask."""
     x = logits(rows=3, vocab=30)
-    rows = [row_for(torch, Sampling(temperature=0, logprobs=True), "cpu"), GREEDY, Row(0.5, top_k=5, logprobs=3)]
+    rows = [
+        row_for(torch, Sampling(temperature=0, logprobs=True), "cpu"),
+        GREEDY,
+        Row(0.5, top_k=5, logprobs=3),
+    ]
     tokens = sample_rows(torch, x, rows)
     scored = score_rows(torch, x, tokens, rows)
     assert set(scored) == {0, 2}

@@ -214,7 +214,10 @@ async def test_logprobs_in_openais_shape(served: Served) -> None:
     assert all(v < 0 for v in lp.token_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
     # greedy: each token is the most likely one
-    assert all(max(top.values()) == pytest.approx(v) for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
+    assert all(
+        max(top.values()) == pytest.approx(v)
+        for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
     streamed = await client(served).completions.create(
         prompt="hello world", logprobs=2, stream=True, **common
     )
@@ -247,6 +250,24 @@ async def test_logprobs_in_openais_shape(served: Served) -> None:
     assert streamed_tokens == [t.token for t in content]
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         await client(served).chat.completions.create(messages=messages, top_logprobs=2, **common)
+
+
+async def test_vllm_stop_extras_through_the_openai_api(served: Served) -> None:
+    base: dict[str, Any] = {"model": "tiny", "prompt": "the quick", "max_tokens": 12, "temperature": 0}
+    free = await client(served).completions.create(**base, extra_body={"ignore_eos": True})
+    text = free.choices[0].text
+    stop = text[2:4]
+    kept = await client(served).completions.create(
+        **base, stop=[stop], extra_body={"ignore_eos": True, "include_stop_str_in_output": True}
+    )
+    assert kept.choices[0].text == text[: text.index(stop) + len(stop)]
+    # stop_token_ids is taken (tests/llm/test_llm_node.py checks where it stops); a bad one refused
+    never = await client(served).completions.create(
+        **base, extra_body={"ignore_eos": True, "stop_token_ids": [10**6]}
+    )
+    assert never.choices[0].text == text and never.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="stop_token_ids"):
+        await client(served).completions.create(**base, extra_body={"stop_token_ids": "x"})
 
 
 async def test_n_choices(served: Served) -> None:

@@ -17,7 +17,11 @@ from flowserve.core.errors import ErrorCode, FlowserveError, InvalidArgument
 from flowserve.core.types import InferRequest, InferResponse
 
 # request keys handed to the node's sampling parameters (as Triton's vLLM backend reads them)
-SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+# (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``: vLLM's extras)
+SAMPLING = (
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "stop_token_ids",
+    "include_stop_str_in_output",
+)  # fmt: skip
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (and completions' logprobs) at most
 

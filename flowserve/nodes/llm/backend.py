@@ -190,7 +190,11 @@ class LlmBackend(BackendNode):
         self.active += 1
         request_id = f"{ctx.request_id or 'r'}-{next(self._ids)}"
         decode = engine.tokenizer.decode
-        text = TextStream(lambda ids: decode(ids, skip_special_tokens=True), request.sampling.stop)
+        sampling = request.sampling
+        text = TextStream(
+            lambda ids: decode(ids, skip_special_tokens=True), sampling.stop, sampling.include_stop
+        )
+        stop_ids = frozenset(sampling.stop_token_ids)
         clock = self.clock
         start = last = clock.now_ns()
         first = 0
@@ -204,6 +208,8 @@ class LlmBackend(BackendNode):
         tokens = engine.generate(request_id, prompt, request.sampling)
         try:
             async for chunk in tokens:
+                if stop_ids:
+                    chunk = _until_stop_token(chunk, stop_ids)
                 now = clock.now_ns()
                 if chunk.ids:
                     step = (now - last) / 1e9 / len(chunk.ids)
@@ -395,6 +401,18 @@ def parse_request(
     if "cumulative_logprob" in returns:
         sampling = dataclasses.replace(sampling, logprobs=True)
     return GenerationRequest(text, messages, stream, prepend, sampling, returns, ranked)
+
+
+def _until_stop_token(chunk: Tokens, stop_ids: frozenset[int]) -> Tokens:
+    """``chunk`` up to and with its first token of ``stop_ids`` (vLLM's ``stop_token_ids``: the
+    token stays in the output, where a special one decodes to nothing), which ends the sequence."""
+    for i, token in enumerate(chunk.ids):
+        if token in stop_ids:
+            n = i + 1
+            logprobs = chunk.logprobs[:n] if chunk.logprobs is not None else None
+            ranked = chunk.ranked[:n] if chunk.ranked is not None else None
+            return Tokens(chunk.ids[:n], True, "stop", logprobs, ranked)
+    return chunk
 
 
 def _ranked_entries(chunk: Tokens, decode: Any) -> list[dict[str, Any]]:

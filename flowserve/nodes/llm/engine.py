@@ -33,6 +33,8 @@ class Sampling:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    include_stop: bool = False  # the stop string ends the text after it, not before
+    stop_token_ids: tuple[int, ...] = ()  # generating one of these ends the sequence (it is kept)
 
     @property
     def logprob_count(self) -> int | None:

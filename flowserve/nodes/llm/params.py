@@ -103,6 +103,8 @@ SAMPLING_KEYS: dict[str, type] = {
     "stop": list,
     "ignore_eos": bool,
     "logprobs": int,
+    "include_stop_str_in_output": bool,
+    "stop_token_ids": tuple,
 }
 MAX_LOGPROBS = 20  # the most alternatives a token may report (vLLM's default max_logprobs)
 # sampling keys of vLLM's that this engine layer does not apply (refused, not silently dropped)
@@ -118,7 +120,6 @@ UNSUPPORTED_KEYS = frozenset(
         "prompt_logprobs",
         "use_beam_search",
         "length_penalty",
-        "stop_token_ids",
         "bad_words",
         "logit_bias",
         "allowed_token_ids",
@@ -160,6 +161,8 @@ def sampling_from(
         ignore_eos=values.get("ignore_eos", False),
         logprobs="logprobs" in values,
         top_logprobs=values.get("logprobs", 0),
+        include_stop=values.get("include_stop_str_in_output", False),
+        stop_token_ids=values.get("stop_token_ids", ()),
     )
     check_sampling(model, sampling, where)
     return sampling
@@ -167,6 +170,11 @@ def sampling_from(
 
 def _convert(model: str, where: str, key: str, kind: type, raw: Any) -> Any:
     bad = InvalidArgument(f"model '{model}': {where} '{key}' must be {kind.__name__}, got {raw!r}")
+    if kind is tuple:  # token ids
+        ids = raw if isinstance(raw, list) else [None]
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            return tuple(ids)
+        raise InvalidArgument(f"model '{model}': {where} '{key}' must be a list of token ids (integers >= 0)")
     if kind is list:
         if isinstance(raw, str):
             return [raw]

@@ -4,7 +4,8 @@ Each step decodes only a short window of the newest ids (the ids since the last 
 plus the few before them that a tokenizer needs for word boundaries), so a token costs the same
 at position 10 and 1000. Text that may still change is held back: an incomplete UTF-8 sequence
 (the decoder's U+FFFD) and a tail that could be the start of a stop string. A stop string ends
-the text before it (it is not part of the output, as in OpenAI's API and vLLM).
+the text before it (it is not part of the output, as in OpenAI's API and vLLM), or after it with
+``include_stop`` (vLLM's ``include_stop_str_in_output``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ Decode = Callable[[Sequence[int]], str]
 
 
 class TextStream:
-    def __init__(self, decode: Decode, stops: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Decode, stops: Sequence[str] = (), include_stop: bool = False) -> None:
         self._decode = decode
         self._stops = tuple(stops)
+        self._include = include_stop
         self._longest = max((len(s) for s in self._stops), default=0)
         self.ids: list[int] = []
         self._prefix = 0  # window start: ids before it are settled text
@@ -54,9 +56,10 @@ class TextStream:
         text = self.text
         if self._stops:
             start = max(0, self._sent - self._longest + 1)
-            hits = [i for i in (text.find(s, start) for s in self._stops) if i >= 0]
+            hits = [(i, len(s)) for i, s in ((text.find(s, start), s) for s in self._stops) if i >= 0]
             if hits:
-                end = min(hits)
+                at, length = min(hits)
+                end = at + length if self._include else at
                 self.stopped = True
                 self.text = text[:end]
                 out = text[self._sent : end] if end > self._sent else ""

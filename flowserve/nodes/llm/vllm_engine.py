@@ -259,6 +259,7 @@ class VllmEngine:
                 seed=sampling.seed,
                 ignore_eos=sampling.ignore_eos,
                 logprobs=sampling.logprob_count,  # 0: the sampled token's only; N: and the N likeliest
+                stop_token_ids=list(sampling.stop_token_ids),
                 detokenize=False,
                 output_kind=api.delta,
             )
