@@ -611,6 +611,19 @@ async def test_header_bytes_held_by_open_streams_are_bounded(
     assert 5 <= len(refused) <= 14 and refused == sorted(refused) and refused[-1] == 39
 
 
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the header blocks the transport decodes from now on, in order."""
+    decoded: list[int] = []
+    decode = http2.decode_headers
+
+    def counting(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        decoded.append(len(block))
+        return decode(decoder, block)
+
+    set_bound(monkeypatch, "decode_headers", counting)
+    return decoded
+
+
 def _indexed_fields(count: int, path: str = SERVICE + "echo", content_type: bool = True) -> bytes:
     """A request's header block with ``count`` more fields, each one indexed byte (HPACK's
     static ":method: GET", 42 bytes decoded): cheap to send, dear to decode in Python."""
@@ -625,14 +638,7 @@ async def test_header_blocks_of_many_fields_are_bounded(
     block. Past MAX_HEADER_FIELDS a call is answered RESOURCE_EXHAUSTED; a block of more than
     twice that is not decoded at all: the connection ends (GOAWAY ENHANCE_YOUR_CALM)."""
     server = await start()
-    decoded: list[int] = []
-    decode = http2.decode_headers
-
-    def counting(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
-        decoded.append(len(block))
-        return decode(decoder, block)
-
-    set_bound(monkeypatch, "decode_headers", counting)
+    decoded = _count_decodes(monkeypatch)
 
     def exchange() -> tuple[dict[str, str], dict[str, str], int | None]:
         with RawClient(server.port) as client:
@@ -690,14 +696,7 @@ async def test_a_connections_turn_is_weighed_by_its_header_bytes(monkeypatch: py
     of a turn), so the connection defers the rest to the loop's next turn; the rest is then
     handled, none lost."""
     set_bound(monkeypatch, "RESET_BURST", 10**9)
-    decoded: list[int] = []
-    decode = http2.decode_headers
-
-    def counting(decoder: hpack.Decoder, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
-        decoded.append(len(block))
-        return decode(decoder, block)
-
-    set_bound(monkeypatch, "decode_headers", counting)
+    decoded = _count_decodes(monkeypatch)
     server = Http2GrpcServer({SERVICE + "echo": Method(parse=bytes, unary=Echo().echo)}, max_message=1 << 20)
     conn = Connection(server)
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
