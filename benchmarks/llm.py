@@ -162,7 +162,9 @@ def vllm_flags(settings: dict[str, Any]) -> list[str]:
     return [f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
 
 
-def write_repository(model_dir: Path, engine: str, vllm: dict[str, Any] | None = None) -> Path:
+def write_repository(
+    model_dir: Path, engine: str, vllm: dict[str, Any] | None = None, dtype: str = "float32"
+) -> Path:
     repo = WORK / "repo"
     folder = repo / SERVED_NAME / "1"
     folder.mkdir(parents=True, exist_ok=True)
@@ -176,6 +178,7 @@ def write_repository(model_dir: Path, engine: str, vllm: dict[str, Any] | None =
             num_blocks=NUM_BLOCKS,
             max_batch_tokens=MAX_BATCH_TOKENS,
             max_requests_per_batch=MAX_REQUESTS,
+            dtype=dtype,
         )
     (folder / "model.json").write_text(json.dumps(doc, indent=2) + "\n")
     (WORK / "graphs").mkdir(exist_ok=True)
@@ -201,9 +204,14 @@ def side_env(threads: int) -> dict[str, str]:
 
 
 def start_flowserve(
-    group: ServerGroup, model_dir: Path, engine: str, threads: int, vllm: dict[str, Any] | None = None
+    group: ServerGroup,
+    model_dir: Path,
+    engine: str,
+    threads: int,
+    vllm: dict[str, Any] | None = None,
+    dtype: str = "float32",
 ) -> Side:
-    repo = write_repository(model_dir, engine, vllm)
+    repo = write_repository(model_dir, engine, vllm, dtype)
     http, grpc, openai_port = free_port(), free_port(), free_port()
     command = [*flowserve_command(repo, WORK / "graphs", http, grpc), f"--openai-port={openai_port}"]
     server = group.start("flowserve", command, http, grpc, env=side_env(threads), timeout_s=600)
@@ -217,6 +225,7 @@ def start_reference(
     threads: int,
     shipped: bool = False,
     vllm: dict[str, Any] | None = None,
+    dtype: str = "float32",
 ) -> Side:
     """``vllm serve`` (engine vllm), else ``transformers serve`` with the same KV-cache settings
     as flowserve: ``tuned`` (the default) also with flowserve's sequences per step, ``shipped``
@@ -244,7 +253,7 @@ def start_reference(
             *start, "serve", str(model_dir), "--continuous-batching",
             "--host", "127.0.0.1", f"--port={port}", "--device", "cpu",
             f"--cb-block-size={BLOCK_SIZE}", f"--cb-num-blocks={NUM_BLOCKS}",
-            f"--cb-max-batch-tokens={MAX_BATCH_TOKENS}",
+            f"--cb-max-batch-tokens={MAX_BATCH_TOKENS}", f"--dtype={dtype}",
         ]  # fmt: skip
         name = "transformers serve (shipped)" if shipped else "transformers serve"
     label = name.replace(" ", "-").replace("(", "").replace(")", "")
@@ -352,9 +361,10 @@ LOOP_SCRIPT = r"""
 import json, sys, time, torch, transformers
 from transformers.generation.streamers import BaseStreamer
 path, max_tokens, prompts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+dtype = getattr(torch, sys.argv[4])
 device = "cuda" if torch.cuda.is_available() else "cpu"
 tok = transformers.AutoTokenizer.from_pretrained(path)
-model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device)
+model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 class First(BaseStreamer):
     def __init__(self): self.calls, self.at = 0, 0.0
     def put(self, value):
@@ -378,10 +388,12 @@ for prompt in prompts:
 LOOP_PROMPTS = 8
 
 
-def generate_loop(model_dir: Path, prompts: list[str], max_tokens: int, threads: int) -> list[Result]:
+def generate_loop(
+    model_dir: Path, prompts: list[str], max_tokens: int, threads: int, dtype: str = "float32"
+) -> list[Result]:
     """``generate()`` one prompt after the other, in a process of its own (as a server would be)."""
     done = subprocess.run(
-        [sys.executable, "-c", LOOP_SCRIPT, str(model_dir), str(max_tokens), json.dumps(prompts)],
+        [sys.executable, "-c", LOOP_SCRIPT, str(model_dir), str(max_tokens), json.dumps(prompts), dtype],
         capture_output=True,
         text=True,
         env=side_env(threads),
@@ -451,6 +463,13 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="also the sequential generate() loop (default: with the transformers engine only)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the weights' type on every side (transformers engine): bfloat16 runs on CPUs with "
+        "AVX-512 BF16 / AMX through oneDNN",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "llm.json")
     args = parser.parse_args(argv)
     if args.generate_loop is None:
@@ -482,7 +501,7 @@ def run_all(args: argparse.Namespace, model_dir: Path, sides: list[Side]) -> lis
             if not args.generate_loop:
                 continue
             prompts = [PROMPTS[k % len(PROMPTS)] for k in range(min(requests, LOOP_PROMPTS))]
-            runs = generate_loop(model_dir, prompts, args.max_tokens, args.threads)
+            runs = generate_loop(model_dir, prompts, args.max_tokens, args.threads, args.dtype)
             row = loop_at(runs, concurrency, requests)
             records.append({"repeat": repeat, **row, "load1": round(os.getloadavg()[0], 2)})
             print(json.dumps(records[-1]), flush=True)
@@ -549,11 +568,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
         vllm = vllm_settings(args) if args.engine == "vllm" else None
         sides = [  # one after the other: a vLLM engine checks the GPU memory free when it starts
-            start_flowserve(group, model_dir, args.engine, args.threads, vllm),
-            start_reference(group, model_dir, args.engine, args.threads, vllm=vllm),
+            start_flowserve(group, model_dir, args.engine, args.threads, vllm, args.dtype),
+            start_reference(group, model_dir, args.engine, args.threads, vllm=vllm, dtype=args.dtype),
         ]
         if args.shipped and args.engine == "transformers":
-            sides.append(start_reference(group, model_dir, args.engine, args.threads, shipped=True))
+            sides.append(
+                start_reference(group, model_dir, args.engine, args.threads, shipped=True, dtype=args.dtype)
+            )
         for side in sides:  # warm up: the first request initialises the engine
             asyncio.run(closed_loop(side, 2, 2, 4, args.engine))
         records = run_all(args, model_dir, sides)
@@ -578,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "num_blocks": NUM_BLOCKS,
                     "max_batch_tokens": MAX_BATCH_TOKENS,
                     "max_requests_per_batch": MAX_REQUESTS,
+                    "dtype": args.dtype,
                 }
             ),
             "threads": args.threads,
