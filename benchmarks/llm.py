@@ -495,6 +495,9 @@ def run_all(args: argparse.Namespace, model_dir: Path, sides: list[Side]) -> lis
         for concurrency in args.concurrency:
             requests = requests_at(args, concurrency)
             for side in order:
+                # two short requests first: a side that sat idle while the others ran (the generate
+                # loop takes minutes) answered its first requests slower, whichever side it was
+                asyncio.run(closed_loop(side, 2, 2, 4, args.engine))
                 row = asyncio.run(closed_loop(side, concurrency, requests, args.max_tokens, args.engine))
                 records.append({"repeat": repeat, **row, "load1": round(os.getloadavg()[0], 2)})
                 print(json.dumps(records[-1]), flush=True)
