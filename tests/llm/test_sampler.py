@@ -68,7 +68,7 @@ def test_log_probabilities_are_the_models_own_with_ranks_and_the_likeliest() -> 
     for the rows that ask."""
     x = logits(rows=3, vocab=30)
     rows = [
-        row_for(torch, Sampling(temperature=0, logprobs=True), "cpu"),
+        row_for(torch, Sampling(temperature=0, logprobs=0), "cpu"),
         GREEDY,
         Row(0.5, top_k=5, logprobs=3),
     ]
@@ -106,7 +106,7 @@ def test_the_sampler_queues_each_asking_requests_ranks_in_token_order() -> None:
         requests_in_batch = [Future("a"), Future("b")]
 
     sampler = RowSampler(torch, Batch())
-    sampler.rows["b"] = row_for(torch, Sampling(temperature=0, top_logprobs=2, logprobs=True), "cpu")
+    sampler.rows["b"] = row_for(torch, Sampling(temperature=0, logprobs=2), "cpu")
     from collections import deque
 
     sampler.ranked["b"] = deque()

@@ -195,7 +195,7 @@ async def test_deltas_stream_each_token_once_with_the_request_sampling(fake: Any
     engine = _engine(tmp_path)
     await engine.start()
     try:
-        sampling = Sampling(max_tokens=12, temperature=0, top_k=0, seed=7, logprobs=True)
+        sampling = Sampling(max_tokens=12, temperature=0, top_k=0, seed=7, logprobs=0)
         chunks = await _all(engine, "r-1", "hello", sampling)
         ids = [i for c in chunks for i in c.ids]
         assert engine.tokenizer.decode(ids) == TEXT[:12]  # no token twice (CUMULATIVE would repeat)
@@ -228,9 +228,6 @@ def test_vllm_logprobs_become_each_tokens_value_rank_and_likeliest(fake: Any) ->
     assert values == [-0.1, -4.0]
     assert ranked == [Ranked(1, ((5, -0.1), (7, -2.5))), Ranked(6, ((3, -0.3), (4, -1.9)))]
     assert _token_logprobs([5], positions[:1], 0) == ([-0.1], [Ranked(1, ())])
-    # SamplingParams.logprobs: None (none asked), 0 (the token's own), N
-    assert Sampling().logprob_count is None and Sampling(logprobs=True).logprob_count == 0
-    assert Sampling(logprobs=True, top_logprobs=3).logprob_count == 3
 
 
 async def test_a_slow_consumer_gets_the_merged_deltas(fake: Any, tmp_path: Path) -> None:

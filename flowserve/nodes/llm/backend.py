@@ -397,9 +397,9 @@ def parse_request(
         sampling = sampling_from(model, params, default_max_tokens, strict=False, where="parameter")
     returns = frozenset(name for name in RETURNS if _flag(inputs, f"return_{name}", False))
     # the logprobs output has entries when the sampling parameters ask for logprobs (else null)
-    ranked = "logprobs" in returns and sampling.logprob_count is not None
-    if "cumulative_logprob" in returns:
-        sampling = dataclasses.replace(sampling, logprobs=True)
+    ranked = "logprobs" in returns and sampling.logprobs is not None
+    if "cumulative_logprob" in returns and sampling.logprobs is None:
+        sampling = dataclasses.replace(sampling, logprobs=0)  # each token's own
     return GenerationRequest(text, messages, stream, prepend, sampling, returns, ranked)
 
 

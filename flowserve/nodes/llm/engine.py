@@ -18,11 +18,10 @@ from typing import Any, Protocol
 class Sampling:
     """What one request asks of the sampler. ``temperature`` 0 is greedy; ``top_k`` 0 is off;
     ``seed``: the request draws from its own random generator, so the same prompt and seed give
-    the same tokens whatever else runs in the batch (both engines); ``logprobs``: return each
-    token's log-probability; ``top_logprobs``: also each token's rank and the N most likely
-    tokens at its position (vLLM's ``logprobs`` = N; implies ``logprobs``). Log-probabilities
-    are the model's own (the log-softmax of its logits, before temperature, top-k and top-p), as
-    vLLM reports them by default."""
+    the same tokens whatever else runs in the batch (both engines); ``logprobs`` (vLLM's): None,
+    no log-probabilities; N >= 0, each token's log-probability and rank and the N most likely
+    tokens at its position. Log-probabilities are the model's own (the log-softmax of its logits,
+    before temperature, top-k and top-p), as vLLM reports them by default."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -31,18 +30,9 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False
-    top_logprobs: int = 0
+    logprobs: int | None = None
     include_stop: bool = False  # the stop string ends the text after it, not before
     stop_token_ids: tuple[int, ...] = ()  # generating one of these ends the sequence (it is kept)
-
-    @property
-    def logprob_count(self) -> int | None:
-        """vLLM's ``logprobs``: None (no log-probabilities), 0 (each token's own), N (and the N
-        most likely tokens at each position)."""
-        if self.top_logprobs > 0:
-            return self.top_logprobs
-        return 0 if self.logprobs else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +49,7 @@ class Tokens:
     """New tokens of one sequence; ``finished`` with ``reason`` ("stop": end of sequence,
     "length": max_tokens) on the last; ``logprobs``: each new token's log-probability, when the
     request asked for them (:attr:`Sampling.logprobs`) and the engine has them; ``ranked``: each
-    new token's :class:`Ranked`, when the request asked for them (:attr:`Sampling.top_logprobs`
-    or ``logprobs``)."""
+    new token's :class:`Ranked`, likewise."""
 
     ids: Sequence[int]
     finished: bool = False

@@ -159,8 +159,7 @@ def sampling_from(
         seed=values.get("seed"),
         stop=tuple(values.get("stop", ())),
         ignore_eos=values.get("ignore_eos", False),
-        logprobs="logprobs" in values,
-        top_logprobs=values.get("logprobs", 0),
+        logprobs=values.get("logprobs"),
         include_stop=values.get("include_stop_str_in_output", False),
         stop_token_ids=values.get("stop_token_ids", ()),
     )
@@ -210,8 +209,8 @@ def check_sampling(model: str, s: Sampling, where: str) -> None:
         problems.append(f"'top_k' must be >= 0 (or -1: off), got {s.top_k}")
     if any(not stop for stop in s.stop):
         problems.append("'stop' strings must not be empty")
-    if not 0 <= s.top_logprobs <= MAX_LOGPROBS:
-        problems.append(f"'logprobs' must be in 0..{MAX_LOGPROBS}, got {s.top_logprobs}")
+    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_LOGPROBS:
+        problems.append(f"'logprobs' must be in 0..{MAX_LOGPROBS}, got {s.logprobs}")
     if problems:
         raise InvalidArgument(f"model '{model}': {where}: " + "; ".join(problems))
 

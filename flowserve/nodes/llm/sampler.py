@@ -49,7 +49,7 @@ GREEDY = Row()
 
 def row_for(torch: Any, sampling: Sampling, device: str) -> Row:
     """The :class:`Row` for a request's :class:`Sampling` (``top_k`` -1 is off, as 0)."""
-    wanted = -1 if sampling.logprob_count is None else sampling.logprob_count
+    wanted = -1 if sampling.logprobs is None else sampling.logprobs
     row = Row(float(sampling.temperature), max(int(sampling.top_k), 0), float(sampling.top_p), None, wanted)
     if row.greedy:
         return GREEDY if wanted < 0 else Row(logprobs=wanted)

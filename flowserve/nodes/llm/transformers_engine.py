@@ -171,7 +171,7 @@ class TransformersEngine:
         rows[request_id] = row_for(self._torch, sampling, self.device)
         ranked_by_request = self._sampler.ranked if self._sampler is not None else {}
         ranked: deque[Ranked] | None = None
-        logprobs = sampling.logprob_count is not None
+        logprobs = sampling.logprobs is not None
         if logprobs:
             ranked = ranked_by_request[request_id] = deque()
         finished = False

@@ -258,7 +258,7 @@ class VllmEngine:
                 top_k=max(sampling.top_k, 0),  # 0: off (vLLM still takes -1, but prefers 0)
                 seed=sampling.seed,
                 ignore_eos=sampling.ignore_eos,
-                logprobs=sampling.logprob_count,  # 0: the sampled token's only; N: and the N likeliest
+                logprobs=sampling.logprobs,  # 0: the sampled token's only; N: and the N likeliest
                 stop_token_ids=list(sampling.stop_token_ids),
                 detokenize=False,
                 output_kind=api.delta,
@@ -275,7 +275,7 @@ class VllmEngine:
         if engine is None or api is None:
             raise Unavailable(f"model '{self.model_name}': the engine is not running")
         params = self.sampling_params(sampling)
-        wants_logprobs = sampling.logprob_count is not None
+        wants_logprobs = sampling.logprobs is not None
         stream = engine.generate(
             prompt=api.tokens_prompt(prompt_token_ids=list(prompt)),
             sampling_params=params,
@@ -293,7 +293,7 @@ class VllmEngine:
                     continue
                 probs = ranked = None
                 if completion is not None and completion.logprobs is not None and wants_logprobs:
-                    probs, ranked = _token_logprobs(ids, completion.logprobs, sampling.top_logprobs)
+                    probs, ranked = _token_logprobs(ids, completion.logprobs, sampling.logprobs or 0)
                 reason = None
                 if finished:
                     reason = (completion.finish_reason if completion is not None else None) or "abort"
