@@ -199,7 +199,9 @@ class Choice:
 
     def add(self, p: Piece) -> None:
         if p.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + p.logprobs
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(p.logprobs)  # (not list + list: a copy per streamed piece)
         self.text += p.text
         self.finish_reason = p.finish_reason or self.finish_reason
         if p.prompt_tokens is not None:
