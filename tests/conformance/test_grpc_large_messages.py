@@ -29,12 +29,15 @@ from flowserve.frontends.grpc.h2.frames import (
     INITIAL_WINDOW_SIZE,
     MAX_WINDOW,
     PADDED,
+    PING,
     RST_STREAM,
     SETTING,
+    SETTINGS,
     WINDOW,
     WINDOW_UPDATE,
     frame,
 )
+from flowserve.frontends.grpc.h2.limits import READ_BUFFER
 from flowserve.frontends.grpc.h2.sending import _data_frames
 from flowserve.frontends.grpc.http2 import CallContext, Http2GrpcServer, Method
 from tests.h2raw import Blob, RawClient, grpc_message, parse_frames, request_headers, trailers
@@ -67,6 +70,20 @@ async def echo() -> AsyncIterator[tuple[Http2GrpcServer, ByteBudget]]:
         await server.stop(0)
 
 
+@pytest.fixture
+def sunk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The byte counts of the reads made straight into a message's own buffer."""
+    counts: list[int] = []
+    original = Connection._sunk
+
+    def counted(self: Connection, nbytes: int) -> None:
+        counts.append(nbytes)
+        original(self, nbytes)
+
+    monkeypatch.setattr(Connection, "_sunk", counted)
+    return counts
+
+
 def _send_in_pieces(client: RawClient, data: bytes, sizes: list[int]) -> None:
     """``data`` in pieces of the given sizes (cycled), each its own ``send`` and a pause, so the
     server reads frame heads and payloads cut at odd places."""
@@ -79,7 +96,9 @@ def _send_in_pieces(client: RawClient, data: bytes, sizes: list[int]) -> None:
         time.sleep(0.001)
 
 
-def _call(port: int, message: bytes, frame_size: int, sizes: list[int], padded: bool = False) -> Any:
+def _call(
+    port: int, message: bytes, frame_size: int, sizes: list[int], padded: bool = False, between: bytes = b""
+) -> Any:
     with RawClient(port, timeout=20) as client:
         # windows for the whole answer (this client sends no WINDOW_UPDATE as it reads)
         client.handshake(SETTING.pack(INITIAL_WINDOW_SIZE, MAX_WINDOW))
@@ -93,6 +112,8 @@ def _call(port: int, message: bytes, frame_size: int, sizes: list[int], padded: 
                 wire += frame(DATA, flags | PADDED, 1, b"\x03" + chunk + b"\x00\x00\x00")
             else:
                 wire += frame(DATA, flags, 1, chunk)
+            if not last:
+                wire += between  # a frame of another kind between two DATA frames
         _send_in_pieces(client, bytes(wire), sizes)
         client.until(HEADERS, sid=1, flags=END_STREAM, seconds=20)
         frames = client.frames()
@@ -112,20 +133,13 @@ def _call(port: int, message: bytes, frame_size: int, sizes: list[int], padded: 
 async def test_a_large_request_arrives_whole_however_it_is_cut(
     echo: tuple[Http2GrpcServer, ByteBudget],
     monkeypatch: pytest.MonkeyPatch,
+    sunk: list[int],
     frame_size: int,
     sizes: list[int],
     padded: bool,
     straight: bool,
 ) -> None:
     server, budget = echo
-    sunk: list[int] = []
-    original = Connection._sunk
-
-    def counted(self: Connection, nbytes: int) -> None:
-        sunk.append(nbytes)
-        original(self, nbytes)
-
-    monkeypatch.setattr(Connection, "_sunk", counted)
     heads: list[int] = []
     get_buffer = Connection.get_buffer
 
@@ -147,6 +161,26 @@ async def test_a_large_request_arrives_whole_however_it_is_cut(
     # long DATA frames of a large message: most of it read straight into its buffer
     assert (sum(sunk) > len(payload) // 2) if straight else not sunk
     assert any(heads) == straight  # frame heads read alone only between long frames
+
+
+@pytest.mark.parametrize("between", [b"", frame(PING, 0, 0, b"12345678"), frame(SETTINGS, 0, 0, b"")])
+async def test_only_the_first_read_of_a_large_request_is_copied(
+    echo: tuple[Http2GrpcServer, ByteBudget], sunk: list[int], between: bytes
+) -> None:
+    """Once a long DATA frame is being read into its message's buffer, all of it is, however
+    little is left of it (its tail read through the read buffer would bring the next frame's head
+    and payload with it, to be copied); a frame of another kind between two DATA frames is read
+    alone too. What is copied is what came in the call's first read, before the message's length
+    was known."""
+    server, _ = echo
+    payload = np.random.default_rng(2).bytes(3 * MiB + 777)
+    # frames of 300,000 bytes sent in pieces that leave tails under SINK_FROM at many reads
+    fields, body = await asyncio.to_thread(
+        _call, server.port, grpc_message(payload), 300_000, [90_000, 200_000, 7, 50_000], False, between
+    )
+    assert fields.get("grpc-status") == "0", fields
+    assert body == grpc_message(payload)
+    assert len(payload) - sum(sunk) <= READ_BUFFER
 
 
 def _excess(port: int) -> dict[str, str]:

@@ -104,6 +104,7 @@ from flowserve.frontends.grpc.h2.limits import (
     MAX_STREAMS,
     PARSE_INLINE,
     QUEUE_AHEAD,
+    READ_BUFFER,
     RECENT_RESETS,
     RESET_BURST,
     RESET_RATE,
@@ -299,16 +300,27 @@ class Connection(Sender, asyncio.BufferedProtocol):
         (``buffer_updated`` hands it on before the next read). Between two long frames of such a
         message only the next frame's head is read, so that its payload goes to the message too."""
         stream = self.frame_stream
-        if stream is not None and self.frame_left >= SINK_FROM and not self.buf:
+        left = self.frame_left
+        # a frame being sunk is sunk to its end, however little of it is left (read through the
+        # read buffer, its tail would bring the next frame's head and up to READ_BUFFER bytes of
+        # that frame's payload with it, copied from there)
+        if stream is not None and (left >= SINK_FROM or self.sinking) and not self.buf:
             into = stream.into
             if into is not None:
-                room = min(self.frame_left, len(into) - stream.filled)
-                if room >= SINK_FROM:
+                room = min(left, len(into) - stream.filled)
+                if room >= SINK_FROM or (self.sinking and room == left):
                     self.sinking = True
                     return into[stream.filled : stream.filled + room]
         self.sinking = False
-        if self.expect is not None and not self.frame_left and not self.buf:
-            return self.server.read_head
+        if self.expect is not None and not left:
+            # no more than the next frame's head; or, a frame of another kind having come
+            # between (a WINDOW_UPDATE, a PING), no more than the rest of it
+            buf = self.buf
+            if not buf:
+                return self.server.read_head
+            need = 9 - len(buf) if len(buf) < 9 else 9 + int.from_bytes(buf[:3], "big") - len(buf)
+            if 0 < need <= READ_BUFFER:
+                return self.server.read_buffer[:need]
         return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -905,41 +917,57 @@ class Connection(Sender, asyncio.BufferedProtocol):
             if not self._into_done(stream) and self.streams.get(stream.sid) is not stream:
                 return False
             piece = piece[room:]
+        elif (
+            stream.queue is None
+            and stream.declared < 0
+            and len(stream.data) + n >= 5
+            and self._unary_prefix(stream, piece)
+        ):
+            return self.streams.get(stream.sid) is stream
         stream.data += piece
         self._ack_connection()
         if stream.queue is not None:
             self._split_messages(stream)
             return self.streams.get(stream.sid) is stream
         data = stream.data
-        if stream.declared < 0 and len(data) >= 5:
-            declared = stream.declared = int.from_bytes(data[1:5], "big")
-            if declared > self.server.max_message:
-                self._too_large(stream, declared)  # refused from the prefix
-                return False
-            if declared >= SMALL and len(data) - 5 < declared:
-                if not self._reserve(stream, declared):
-                    return False
-                self._receive_into(stream, declared)
-                return True
         if len(data) > self.server.max_message + 5:
             self._too_large(stream, len(data) - 5)
             return False
         return True
 
-    def _receive_into(self, stream: Stream, declared: int) -> None:
-        """A large unary message (its size taken from the budget): the rest of it is read into a
-        buffer of its size (``get_buffer`` lets the socket write there), which it is parsed from."""
+    def _unary_prefix(self, stream: Stream, piece: Piece) -> bool:
+        """The piece that completes a unary call's length prefix. True: it was taken: a large
+        message's buffer made, this piece already in it (not through ``stream.data``: a copy
+        less), or the call refused; False: go on with it as with any other piece."""
+        data = stream.data  # (under 5 bytes: the prefix was not complete)
+        declared = stream.declared = int.from_bytes((bytes(data) + bytes(piece[:5]))[1:5], "big")
+        if declared > self.server.max_message:
+            self._ack_connection()
+            self._too_large(stream, declared)  # refused from the prefix
+            return True
+        if declared < SMALL or len(data) + len(piece) - 5 >= declared:
+            return False
+        self._ack_connection()
+        return not self._reserve(stream, declared) or self._receive_into(stream, declared, piece)
+
+    def _receive_into(self, stream: Stream, declared: int, piece: Piece = b"") -> bool:
+        """A large message (its size taken from the budget): what came of it (``stream.data``
+        and ``piece``) and the rest of it go into a buffer of its size (``get_buffer`` lets the
+        socket write there), which it is parsed from. False: not made (``piece`` not taken)."""
         data = stream.data
-        if len(data) > 5 + declared:
-            return  # more than one message: refused when the call's request ends
+        have = len(data) + len(piece)
+        if have > 5 + declared:
+            return False  # more than one message: refused when the call's request ends
         try:
             into = np.empty(5 + declared, np.uint8).data  # (its pages are touched as it fills)
         except MemoryError:
-            return  # read as any other message (the budget is what bounds it)
+            return False  # read as any other message (the budget is what bounds it)
         into[: len(data)] = data
+        into[len(data) : have] = piece
         stream.into = into
-        stream.filled = len(data)
+        stream.filled = have
         stream.data = bytearray()
+        return True
 
     def _into_done(self, stream: Stream) -> bool:
         """A streaming call's large message is all in its own buffer: parsed from it (its raw
