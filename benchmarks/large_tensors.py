@@ -11,7 +11,10 @@ the tensors never cross the socket, only the request and the region names do.
 
 Reported per (size, transport): each side's median requests per second, latency p50, the
 payload moved per second (input and output: ``2 * size * rate``), and flowserve / Triton
-(above 1: flowserve is faster) with the range over repeats.
+(above 1: flowserve is faster) with the range over repeats. Where both gRPC and HTTP ran, a
+second table sets them side by side per size and server: latency p50, the server's CPU per
+request and perf_analyzer's, so a gap between the protocols can be told the server's or the
+client's.
 
     python benchmarks/large_tensors.py                     # 1 KiB .. 64 MiB, 2 repeats, ~10 min
     python benchmarks/large_tensors.py --sizes 16M --transports grpc http --repeats 3
@@ -151,6 +154,9 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "req_per_s": round(rate, 1),
                 "MB_per_s": round(2 * size * rate / 1e6, 1),
                 "p50_ms": round(statistics.median(r["p50_us"] for r in runs) / 1000, 3),
+                # CPU per request: the server's (all its processes) and perf_analyzer's
+                "server_cpu_ms": _median_ms(runs, "server_cpu_us_per_infer"),
+                "client_cpu_ms": _median_ms(runs, "client_cpu_us_per_infer"),
             }
         if "triton" in row and "flowserve" in row:
             ratios = [
@@ -166,6 +172,44 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["vs_baseline"] = round(row["flowserve"]["req_per_s"] / row["baseline"]["req_per_s"], 2)
         rows.append(row)
     return rows
+
+
+def _median_ms(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return round(statistics.median(values) / 1000, 3) if values else None
+
+
+def protocols(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size and side: gRPC against HTTP (above 1: gRPC costs more) in latency p50, the
+    server's CPU per request and the client's, so a gap can be told the server's or the
+    client's (perf_analyzer's gRPC client costs more CPU per large request than its HTTP one)."""
+    out = []
+    for label in dict.fromkeys(row["size"] for row in rows):
+        by = {row["transport"]: row for row in rows if row["size"] == label}
+        if "grpc" not in by or "http" not in by:
+            continue
+        for side in ("triton", "baseline", "flowserve"):
+            grpc, http = by["grpc"].get(side), by["http"].get(side)
+            if not grpc or not http:
+                continue
+            entry: dict[str, Any] = {"size": label, "side": side}
+            for key in ("p50_ms", "server_cpu_ms", "client_cpu_ms"):
+                if grpc.get(key) and http.get(key):
+                    entry[key] = [grpc[key], http[key], round(grpc[key] / http[key], 2)]
+            out.append(entry)
+    return out
+
+
+def render_protocols(entries: list[dict[str, Any]]) -> str:
+    head = f"{'size':>5} {'side':<9} {'p50 ms gRPC/HTTP':>24} {'server CPU ms':>24} {'client CPU ms':>24}"
+    lines = [head, "-" * len(head)]
+    for e in entries:
+        cells = [
+            f"{e[k][0]:.2f}/{e[k][1]:.2f} ({e[k][2]:.2f}x)" if k in e else "-"
+            for k in ("p50_ms", "server_cpu_ms", "client_cpu_ms")
+        ]
+        lines.append(f"{e['size']:>5} {e['side']:<9} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24}")
+    return "\n".join(lines)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -212,8 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers = start(group, repository, not args.no_triton, args.baseline)
         records = run(args, binary, servers)
     rows = summarize(records)
+    versus = protocols(rows)
     print()
     print(render(rows))
+    if versus:
+        print()
+        print(render_protocols(versus))
     write_result(
         args.output,
         "large tensors: flowserve vs Triton 2.51, identity model.py, perf_analyzer c=1, same run",
@@ -221,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings={"sizes": args.sizes, "transports": args.transports, "repeats": args.repeats,
                   "window_ms": args.window_ms, "baseline": str(args.baseline or "")},
         summary=rows,
+        grpc_vs_http=versus,
         runs=records,
     )
     return 0
