@@ -13,10 +13,11 @@ every core; 0.71x / 0.77x of the ceiling against 0.56x / 0.65x, alternated on 2 
 - **Ceiling** (in-process, no server): batches of 32 through the same TorchScript module with
   ``torch.inference_mode``; on a GPU each batch is copied host -> device and the output
   device -> host (what a server must do too), on the CPU the input is a fresh host tensor.
-  Measured before and after the served runs, each time in two processes of its own, one with
-  torch's OpenMP threads spinning and one with them waiting passively (the server's default); the
-  ratio is to the highest of the four (a shared machine's load changes during a run, and a
-  ceiling read low would flatter the server).
+  Measured before and after each round of served runs (``--repeats``), each time in two
+  processes of its own, one with torch's OpenMP threads spinning and one with them waiting
+  passively (the server's default); a round's runs are set against the highest of the four
+  ceilings around them (a shared machine's load changes during a run, and a ceiling read low
+  would flatter the server); with several rounds, the median ratio and its range.
 - **Served**: perf_analyzer, batch 1 per request, concurrency ``--concurrency`` (64), over
   each transport, for each ``--workers`` value; images/s and the ratio to the ceiling; the
   batch sizes executed, from the statistics extension (``batch_stats``) before and after.
@@ -27,6 +28,7 @@ Goals (issue 28), on a 16-core GPU machine: system shm >= 0.5x the ceiling, HTTP
     python benchmarks/gpu_serving.py                       # S=224 on a GPU, 64 on the CPU
     python benchmarks/gpu_serving.py --workers 1 4 --transports http shm
     python benchmarks/gpu_serving.py --quick               # one transport, short windows
+    python benchmarks/gpu_serving.py --transports shm --workers 1 --repeats 5
 
 Writes benchmarks/results/gpu_serving.json (``gpu_serving_cpu.json`` without a GPU).
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -207,6 +210,17 @@ def ceilings(repository: Path, size: int, seconds: float) -> dict[str, float]:
     return {policy: round(ceiling_with(policy, repository, size, seconds), 1) for policy in POLICIES}
 
 
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workers, transport): the median ratio to the ceiling over the rounds, and its range."""
+    rows = []
+    for key in dict.fromkeys((r["workers"], r["transport"]) for r in records):
+        ratios = [r["of_ceiling"] for r in records if (r["workers"], r["transport"]) == key]
+        median = round(statistics.median(ratios), 3)
+        span = [min(ratios), max(ratios)]
+        rows.append({"workers": key[0], "transport": key[1], "of_ceiling": median, "range": span})
+    return rows
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -221,6 +235,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the model's INTRA_OP_THREAD_COUNT (default 1 on the CPU, torch's own on a GPU; 0: torch's)",
     )
     parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of served runs, a ceiling measured between each two"
+    )
     parser.add_argument("--quick", action="store_true", help="shm only, workers 1, 1.5 s windows")
     parser.add_argument("--output", type=Path, default=None)
     # one ceiling measurement, in a process of its own (ceiling_with)
@@ -258,19 +275,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.cuda.get_device_name(0) if gpu else f"CPU ({cores} cores)"
     print(f"device: {device}; image 3x{args.size}x{args.size}; batch {BATCH}", flush=True)
     copies = ", H2D + D2H" if gpu else ""
-    before = ceilings(repository, args.size, args.seconds)
-    print(f"  ceiling (raw torch, batch {BATCH}{copies}), OpenMP spinning / passive: {before}", flush=True)
+    # the ceiling before every round of served runs and after the last; each round's runs are
+    # set against the higher of the ceilings just before and just after them
+    measured = [ceilings(repository, args.size, args.seconds)]
+    first = f"ceiling (raw torch, batch {BATCH}{copies}), OpenMP spinning / passive"
+    print(f"  {first}: {measured[0]}", flush=True)
     records: list[dict[str, Any]] = []
     with sigterm_as_interrupt():
-        for workers in args.workers:
-            records += serve_and_measure(args, binary, repository, workers)
-    after = ceilings(repository, args.size, args.seconds)
-    print(f"  ceiling again, after the served runs: {after}", flush=True)
-    raw = max(*before.values(), *after.values())
+        for repeat in range(args.repeats):
+            for workers in args.workers:
+                served = serve_and_measure(args, binary, repository, workers)
+                records += [{"repeat": repeat, **record} for record in served]
+            measured.append(ceilings(repository, args.size, args.seconds))
+            print(f"  ceiling again, after the served runs: {measured[-1]}", flush=True)
+    raw = max(value for each in measured for value in each.values())
     for record in records:
-        record["of_ceiling"] = round(record["images_per_s"] / raw, 3)
+        near = max(*measured[record["repeat"]].values(), *measured[record["repeat"] + 1].values())
+        record["ceiling_images_per_s"] = near
+        record["of_ceiling"] = round(record["images_per_s"] / near, 3)
         run = f"workers {record['workers']} {record['transport']:<8}"
-        print(f"  {run} {record['of_ceiling']:5.2f}x the ceiling ({raw:.1f} images/s)", flush=True)
+        print(f"  {run} {record['of_ceiling']:5.2f}x the ceiling ({near:.1f} images/s)", flush=True)
+    summary = summarize(records)
+    if args.repeats > 1:
+        for row in summary:
+            low, high = row["range"]
+            run = f"workers {row['workers']} {row['transport']:<8}"
+            print(f"  {run} median {row['of_ceiling']:.2f}x ({low:.2f}-{high:.2f})", flush=True)
     write_result(
         args.output,
         "a served conv net vs raw torch (the ceiling), perf_analyzer batch 1, same run",
@@ -278,9 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=device,
         settings={"size": args.size, "concurrency": args.concurrency, "instances": args.instances,
                   "window_ms": args.window_ms, "workers": args.workers, "transports": args.transports,
-                  "intra_op_threads": args.intra_op_threads},
+                  "intra_op_threads": args.intra_op_threads, "repeats": args.repeats},
         ceiling_images_per_s=round(raw, 1),
-        ceilings_before_after=[before, after],
+        ceilings_before_after=measured,
+        summary=summary,
         runs=records,
     )
     return 0
