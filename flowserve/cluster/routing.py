@@ -17,6 +17,14 @@ Policy
     2. Otherwise it runs on the worker with the fewest requests of the model in flight, if
        that is fewer than here (join the shortest queue); ties keep it here, and among the
        others the scan starts after this worker, so equal workers share the spill-over.
+    3. For a model whose instances share the interpreter lock, this worker's count also holds
+       the requests it is relaying for the others (decoded here, running there, answered from
+       here: ``relaying``). Its event loop takes the lock for every one of them, between the
+       model's own turns, so each request of the model run here as well slows the relays, and
+       the other workers, waiting on them, idle: the worker that decodes a whole connection
+       runs one request at a time and the others keep a queue. Measured on 2 cores (a 2 ms pure
+       Python model, one gRPC connection at concurrency 4, ``benchmarks/workers_cpu.py``): the
+       accepting worker ran 2 and the other 2 at 468-498 infer/s, against 611-634 with this.
 
     Slots count cores, not instances: the instances of a Python model in one process share its
     interpreter lock, so they run one request at a time whatever their count (:func:`slots_of`);
@@ -33,6 +41,8 @@ Example::
     True
     >>> route(0, [5, 0], [True, True], Model(slots=1, compute_ns=20_000)) is None  # cheap
     True
+    >>> route(0, [1, 2], [True, True], Model(slots=1, compute_ns=2_000_000, locked=True), relaying=2)
+    1
 """
 
 from __future__ import annotations
@@ -52,16 +62,20 @@ class Model:
 
     slots: int  # requests one worker runs at once without one waiting for another
     compute_ns: int | None  # mean compute time per request so far (None: none measured yet)
+    locked: bool = False  # its instances share the interpreter lock (a Python model, a graph)
 
 
-def route(here: int, loads: Sequence[int], ready: Sequence[bool], model: Model) -> int | None:
-    """The worker a request decoded by worker ``here`` should run on; None: here."""
+def route(
+    here: int, loads: Sequence[int], ready: Sequence[bool], model: Model, relaying: int = 0
+) -> int | None:
+    """The worker a request decoded by worker ``here`` should run on; None: here.
+    ``relaying``: requests decoded here running on other workers now (policy 3)."""
     if model.compute_ns is not None and model.compute_ns < MIN_COMPUTE_NS:
         return None
     mine = loads[here]
     if mine < model.slots:
         return None
-    best, least = None, mine
+    best, least = None, (mine + relaying) if model.locked else mine
     count = len(loads)
     for step in range(1, count):
         other = (here + step) % count
@@ -70,12 +84,16 @@ def route(here: int, loads: Sequence[int], ready: Sequence[bool], model: Model) 
     return best
 
 
+def locked(kind: str, platform: str) -> bool:
+    """Whether a servable's instances share the interpreter lock: a Python model, a graph or
+    ensemble (its steps may be Python)."""
+    return kind != "model" or platform in GIL_BOUND
+
+
 def slots_of(kind: str, platform: str, instances: int) -> int:
-    """A model's slots per worker: 1 for a graph or ensemble (its steps may be Python) and a
-    Python model (one interpreter lock), else its instance count."""
-    if kind != "model" or platform in GIL_BOUND:
-        return 1
-    return max(1, instances)
+    """A model's slots per worker: 1 where its instances share the interpreter lock, else its
+    instance count."""
+    return 1 if locked(kind, platform) else max(1, instances)
 
 
 def mean_compute_ns(total_ns: int, count: int) -> int | None:
@@ -83,4 +101,4 @@ def mean_compute_ns(total_ns: int, count: int) -> int | None:
     return total_ns // count if count else None
 
 
-__all__ = ["GIL_BOUND", "MIN_COMPUTE_NS", "Model", "mean_compute_ns", "route", "slots_of"]
+__all__ = ["GIL_BOUND", "MIN_COMPUTE_NS", "Model", "locked", "mean_compute_ns", "route", "slots_of"]

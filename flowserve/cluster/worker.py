@@ -173,7 +173,8 @@ class WorkerPeers:
         loads[self.index] = in_flight
         for other in self._others:  # a request on its way there is not on the board yet
             loads[other] = max(loads[other], self._spilled[other])
-        return routing.route(self.index, loads, self._up, _routing_model(servable))
+        relaying = sum(self._spilled.values())
+        return routing.route(self.index, loads, self._up, _routing_model(servable), relaying)
 
     async def spill(self, target: int, request: InferRequest) -> InferResponse:
         """Run ``request`` on worker ``target``; if that worker is gone, here after all."""
@@ -271,6 +272,7 @@ def _routing_model(servable: Servable) -> routing.Model:
     return routing.Model(
         routing.slots_of(servable.kind, servable.platform, instances),
         routing.mean_compute_ns(compute.ns, compute.count),
+        routing.locked(servable.kind, servable.platform),
     )
 
 

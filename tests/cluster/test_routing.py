@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flowserve.cluster.board import Board, BoardAdmission, create
-from flowserve.cluster.routing import MIN_COMPUTE_NS, Model, route, slots_of
+from flowserve.cluster.routing import MIN_COMPUTE_NS, Model, locked, route, slots_of
 from flowserve.core.errors import Unavailable
 
 BURN = Model(slots=1, compute_ns=2_000_000)  # a 2 ms Python model: one request at a time per worker
@@ -56,6 +56,26 @@ def test_slots_count_cores_not_instances() -> None:
     assert slots_of("model", "pytorch_libtorch", 0) == 1
     assert slots_of("graph", "", 4) == 1
     assert slots_of("ensemble", "ensemble", 4) == 1
+
+
+def test_a_worker_relaying_for_others_counts_its_relays_for_a_locked_model() -> None:
+    """The worker that decodes a connection relays the requests it spilled; for a model whose
+    instances share the interpreter lock each relay counts as a request in flight here, so it
+    runs one request at a time and the others keep the queue (policy 3)."""
+    python = Model(slots=1, compute_ns=2_000_000, locked=True)
+    assert route(0, [1, 2], UP[:2], python, relaying=2) == 1  # 1 + 2 relays > 2
+    assert route(0, [1, 3], UP[:2], python, relaying=2) is None  # a tie stays here
+    assert route(0, [0, 3], UP[:2], python, relaying=3) is None  # a free slot here comes first
+    assert route(0, [1, 2], UP[:2], BURN, relaying=2) is None  # outside the lock: queues only
+    assert route(0, [1, 0, 2], UP, python, relaying=2) == 1
+
+
+def test_locked_models_are_python_models_and_graphs() -> None:
+    assert locked("model", "python")
+    assert locked("graph", "")
+    assert locked("ensemble", "ensemble")
+    assert not locked("model", "onnxruntime_onnx")
+    assert not locked("model", "pytorch_libtorch")
 
 
 def _simulate(clients: int, service_ns: list[int], hop_ns: int, requests: int) -> list[int]:
