@@ -8,6 +8,7 @@ test depends on it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -369,17 +370,24 @@ def test_a_killed_worker_loses_no_request_silently_and_the_server_recovers(clust
     outcomes: list[str] = []
 
     def load() -> None:
+        # clients are closed in this thread: one collected in another cannot close its pool
         client = httpclient.InferenceServerClient(cluster.http_url, network_timeout=30)
-        while not stop.is_set():
-            try:
-                result = client.infer("simple", _simple_inputs(httpclient, 1))
-                assert (result.as_numpy("OUTPUT0") == 2).all()
-                outcomes.append("ok")
-            except InferenceServerException as exc:
-                outcomes.append(f"error: {exc}")
-            except Exception as exc:  # a connection the dead worker held: the client sees it end
-                outcomes.append(f"connection: {type(exc).__name__}")
-                client = httpclient.InferenceServerClient(cluster.http_url, network_timeout=30)
+        try:
+            while not stop.is_set():
+                try:
+                    result = client.infer("simple", _simple_inputs(httpclient, 1))
+                    assert (result.as_numpy("OUTPUT0") == 2).all()
+                    outcomes.append("ok")
+                except InferenceServerException as exc:
+                    outcomes.append(f"error: {exc}")
+                except Exception as exc:  # a connection the dead worker held: the client sees it end
+                    outcomes.append(f"connection: {type(exc).__name__}")
+                    with contextlib.suppress(Exception):
+                        client.close()
+                    client = httpclient.InferenceServerClient(cluster.http_url, network_timeout=30)
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(load) for _ in range(4)]

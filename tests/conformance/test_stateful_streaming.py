@@ -195,11 +195,14 @@ def test_poll_mode_swaps_versions_under_load(server_factory: Any, tmp_path: Path
         for inp in inputs:
             inp.set_data_from_numpy(a)
         deadline = time.monotonic() + 30
-        while not stop.is_set() and time.monotonic() < deadline:
-            try:
-                seen.add(int(client.infer("simple", inputs).as_numpy("OUTPUT0")[0, 0]))
-            except Exception as exc:
-                failures.append(str(exc))
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    seen.add(int(client.infer("simple", inputs).as_numpy("OUTPUT0")[0, 0]))
+                except Exception as exc:
+                    failures.append(str(exc))
+        finally:
+            client.close()  # in this thread: collected in another, its gevent pool cannot close
 
     workers = [threading.Thread(target=load) for _ in range(3)]
     for w in workers:
