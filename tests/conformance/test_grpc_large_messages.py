@@ -97,14 +97,24 @@ def _send_in_pieces(client: RawClient, data: bytes, sizes: list[int]) -> None:
 
 
 def _call(
-    port: int, message: bytes, frame_size: int, sizes: list[int], padded: bool = False, between: bytes = b""
+    port: int,
+    message: bytes,
+    frame_size: int,
+    sizes: list[int],
+    padded: bool = False,
+    between: bytes = b"",
+    head: int = 0,
 ) -> Any:
+    """``message`` as DATA frames of ``frame_size`` (the first one of ``head`` bytes if set),
+    the wire sent in pieces of ``sizes``; the trailers' fields and the echoed body."""
     with RawClient(port, timeout=20) as client:
         # windows for the whole answer (this client sends no WINDOW_UPDATE as it reads)
         client.handshake(SETTING.pack(INITIAL_WINDOW_SIZE, MAX_WINDOW))
         client.send(frame(WINDOW_UPDATE, 0, 0, WINDOW.pack(MAX_WINDOW - 65_535)))
         wire = bytearray(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")))
-        for start in range(0, len(message), frame_size):
+        if head:
+            wire += frame(DATA, 0, 1, message[:head]) + between
+        for start in range(head, len(message), frame_size):
             chunk = message[start : start + frame_size]
             last = start + frame_size >= len(message)
             flags = END_STREAM if last else 0
@@ -181,6 +191,44 @@ async def test_only_the_first_read_of_a_large_request_is_copied(
     assert fields.get("grpc-status") == "0", fields
     assert body == grpc_message(payload)
     assert len(payload) - sum(sunk) <= READ_BUFFER
+
+
+@pytest.mark.parametrize("head", [1, 4, 5, 6])
+async def test_a_length_prefix_cut_across_frames(
+    echo: tuple[Http2GrpcServer, ByteBudget], sunk: list[int], head: int
+) -> None:
+    """The first DATA frame holds only part of the 5-byte length prefix (or just all of it):
+    the message's buffer is made once the prefix is whole, and the rest goes straight in."""
+    server, budget = echo
+    payload = np.random.default_rng(3).bytes(2 * MiB + 5)
+    fields, body = await asyncio.to_thread(
+        _call, server.port, grpc_message(payload), MiB, [5 * MiB], False, b"", head
+    )
+    assert fields.get("grpc-status") == "0", fields
+    assert body == grpc_message(payload)
+    assert sum(sunk) > len(payload) // 2
+    assert budget.in_use == 0
+
+
+def _declared_too_large(port: int) -> dict[str, str]:
+    with RawClient(port, timeout=10) as client:
+        client.handshake()
+        prefix = b"\x00" + (65 * MiB).to_bytes(4, "big")  # over the 64 MiB limit
+        client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")))
+        client.send(frame(DATA, 0, 1, prefix[:2]))
+        client.send(frame(DATA, 0, 1, prefix[2:] + b"x" * 1000))
+        client.until(HEADERS, sid=1, flags=END_STREAM)
+        return trailers(client.frames(), 1)
+
+
+async def test_a_message_declared_too_large_is_refused_from_its_prefix_however_cut(
+    echo: tuple[Http2GrpcServer, ByteBudget],
+) -> None:
+    server, budget = echo
+    fields = await asyncio.to_thread(_declared_too_large, server.port)
+    assert fields.get("grpc-status") == "8", fields  # RESOURCE_EXHAUSTED
+    assert f"{65 * MiB} vs. {64 * MiB}" in fields.get("grpc-message", "")
+    assert budget.in_use == 0
 
 
 def _excess(port: int) -> dict[str, str]:
