@@ -17,9 +17,9 @@ Policy
     2. Otherwise it runs on the worker with the fewest requests of the model in flight, if
        that is fewer than here (join the shortest queue); ties keep it here, and among the
        others the scan starts after this worker, so equal workers share the spill-over.
-    3. For a model whose instances share the interpreter lock, this worker's count also holds
-       the requests it is relaying for the others (decoded here, running there, answered from
-       here: ``relaying``). Its event loop takes the lock for every one of them, between the
+    3. For a Python model (its instances share the interpreter lock) this worker's count also
+       holds the requests it is relaying for the others (decoded here, running there, answered
+       from here: ``relaying``). Its event loop takes the lock for every one of them, between the
        model's own turns, so each request of the model run here as well slows the relays, and
        the other workers, waiting on them, idle: the worker that decodes a whole connection
        runs one request at a time and the others keep a queue. Measured on 2 cores (a 2 ms pure
@@ -62,7 +62,7 @@ class Model:
 
     slots: int  # requests one worker runs at once without one waiting for another
     compute_ns: int | None  # mean compute time per request so far (None: none measured yet)
-    locked: bool = False  # its instances share the interpreter lock (a Python model, a graph)
+    locked: bool = False  # it computes under the interpreter lock (a Python model: policy 3)
 
 
 def route(
@@ -85,15 +85,17 @@ def route(
 
 
 def locked(kind: str, platform: str) -> bool:
-    """Whether a servable's instances share the interpreter lock: a Python model, a graph or
-    ensemble (its steps may be Python)."""
-    return kind != "model" or platform in GIL_BOUND
+    """Whether a servable computes under the interpreter lock for certain: a Python model (a
+    graph or ensemble may have Python steps, or not: policy 3 leaves it out, unmeasured)."""
+    return kind == "model" and platform in GIL_BOUND
 
 
 def slots_of(kind: str, platform: str, instances: int) -> int:
-    """A model's slots per worker: 1 where its instances share the interpreter lock, else its
-    instance count."""
-    return 1 if locked(kind, platform) else max(1, instances)
+    """A model's slots per worker: 1 for a graph or ensemble (its steps may be Python) and a
+    Python model (one interpreter lock), else its instance count."""
+    if kind != "model" or platform in GIL_BOUND:
+        return 1
+    return max(1, instances)
 
 
 def mean_compute_ns(total_ns: int, count: int) -> int | None:
