@@ -210,13 +210,13 @@ async def test_a_length_prefix_cut_across_frames(
     assert budget.in_use == 0
 
 
-def _declared_too_large(port: int) -> dict[str, str]:
+def _unary_trailers(port: int, *data: tuple[int, bytes]) -> dict[str, str]:
+    """A unary call whose request is the DATA frames ``(flags, payload)``: its trailers' fields."""
     with RawClient(port, timeout=10) as client:
         client.handshake()
-        prefix = b"\x00" + (65 * MiB).to_bytes(4, "big")  # over the 64 MiB limit
         client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")))
-        client.send(frame(DATA, 0, 1, prefix[:2]))
-        client.send(frame(DATA, 0, 1, prefix[2:] + b"x" * 1000))
+        for flags, payload in data:
+            client.send(frame(DATA, flags, 1, payload))
         client.until(HEADERS, sid=1, flags=END_STREAM)
         return trailers(client.frames(), 1)
 
@@ -225,28 +225,21 @@ async def test_a_message_declared_too_large_is_refused_from_its_prefix_however_c
     echo: tuple[Http2GrpcServer, ByteBudget],
 ) -> None:
     server, budget = echo
-    fields = await asyncio.to_thread(_declared_too_large, server.port)
+    prefix = b"\x00" + (65 * MiB).to_bytes(4, "big")  # over the 64 MiB limit
+    data = [(0, prefix[:2]), (0, prefix[2:] + b"x" * 1000)]
+    fields = await asyncio.to_thread(_unary_trailers, server.port, *data)
     assert fields.get("grpc-status") == "8", fields  # RESOURCE_EXHAUSTED
     assert f"{65 * MiB} vs. {64 * MiB}" in fields.get("grpc-message", "")
     assert budget.in_use == 0
-
-
-def _excess(port: int) -> dict[str, str]:
-    with RawClient(port, timeout=10) as client:
-        client.handshake()
-        message = grpc_message(b"x" * MiB)
-        client.send(frame(HEADERS, 0x4, 1, request_headers(SERVICE + "echo")))
-        client.send(frame(DATA, 0, 1, message[: 512 * 1024]))
-        client.send(frame(DATA, END_STREAM, 1, message[512 * 1024 :] + b"\x00\x00\x00\x00\x01z"))
-        client.until(HEADERS, sid=1, flags=END_STREAM)
-        return trailers(client.frames(), 1)
 
 
 async def test_more_than_one_message_in_a_large_unary_call_is_refused(
     echo: tuple[Http2GrpcServer, ByteBudget],
 ) -> None:
     server, budget = echo
-    fields = await asyncio.to_thread(_excess, server.port)
+    message = grpc_message(b"x" * MiB)
+    data = [(0, message[: 512 * 1024]), (END_STREAM, message[512 * 1024 :] + b"\x00\x00\x00\x00\x01z")]
+    fields = await asyncio.to_thread(_unary_trailers, server.port, *data)
     assert fields.get("grpc-status") == "13", fields  # INTERNAL
     assert "exactly one request message" in fields.get("grpc-message", "")
     assert budget.in_use == 0
