@@ -11,6 +11,7 @@ request a test sends carries a client timeout, so a hang fails instead of blocki
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -208,6 +209,11 @@ def _ready(port: int) -> bool:
         return False
 
 
+# Triton 2.51 aborts now and then while its Python backend starts a model's stub on a busy
+# machine (seen once in a CI run of this suite): the stub's shared-memory lock throws
+STUB_LOCK_CRASH = "boost::interprocess::lock_exception"
+
+
 @pytest.fixture
 def triton_factory(tmp_path: Path) -> Iterator[Any]:
     """Starts Tritons (each with the models above) and stops every one it started."""
@@ -222,24 +228,32 @@ def triton_factory(tmp_path: Path) -> Iterator[Any]:
         log = root / "triton.log"
         # a short exit timeout: Triton waits that long for open client connections at SIGTERM
         command = [*_INSTALL.command(repo, http_port, grpc_port), "--exit-timeout-secs=5"]
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                command,
-                env=_INSTALL.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        triton = Triton(process, http_port, grpc_port, log, cancel_log)
-        started.append(triton)
-        deadline = time.monotonic() + 120
-        while not _ready(http_port):
-            if process.poll() is not None:
-                raise RuntimeError(f"Triton exited with {process.returncode}: {log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Triton was not ready after 120 s: {log.read_text()[-3000:]}")
-            time.sleep(0.25)
-        return triton
+        for attempt in range(2):
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    command,
+                    env=_INSTALL.env(),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            triton = Triton(process, http_port, grpc_port, log, cancel_log)
+            started.append(triton)
+            deadline = time.monotonic() + 120
+            while not _ready(http_port):
+                if process.poll() is not None:
+                    text = log.read_text()
+                    if attempt == 0 and STUB_LOCK_CRASH in text:
+                        with contextlib.suppress(ProcessLookupError):  # its stubs, if any are left
+                            os.killpg(process.pid, signal.SIGKILL)
+                        break  # Triton's own start-up crash, not the test's subject: once more
+                    raise RuntimeError(f"Triton exited with {process.returncode}: {text[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Triton was not ready after 120 s: {log.read_text()[-3000:]}")
+                time.sleep(0.25)
+            else:
+                return triton
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     try:
         yield start
