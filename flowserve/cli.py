@@ -982,7 +982,10 @@ def cpu_thread_defaults() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from flowserve.dataplane.memory import tune_malloc
+
     cpu_thread_defaults()
+    tune_malloc()
     try:
         defaults = Settings.from_env()
     except InvalidArgument as exc:

@@ -18,6 +18,20 @@ The other way, ``mallopt(M_MMAP_THRESHOLD, ...)`` at start, would give every lar
 back when it is freed, and make every large request map and fault its memory afresh
 (measured in benchmarks/README.md, "Compression bombs and giving memory back": 1.3-1.4x
 on a 16 MiB request).
+
+:func:`tune_malloc` (``flowserve`` calls it at start) fixes glibc's two thresholds from the
+start: 32 MiB for mmap (the top of its dynamic range: larger blocks are always mapped) and the
+same for trimming (a heap keeps a free top up to the largest block it serves). Left dynamic,
+they follow the largest block freed so far: a model whose working set is many blocks of a few
+MiB (a conv net's activations on the CPU: torch allocates and frees each layer's output every
+batch) raises the trim threshold only to twice such a block, so after every batch the heap's
+free top is given back and the next batch faults all of it in again. Measured on
+this project's 2-core machine (benchmarks/README.md, "glibc's thresholds"): raw torch on the
+conv net of ``benchmarks/gpu_serving.py``, 1,837-2,668 -> 3,720-3,966 images/s, 1.2-1.6M ->
+55k page faults; served over system shm, 31-55 -> 5-7 faults and 113-189 -> 43-45 us of system
+time per request. Blocks over 32 MiB are still mapped and unmapped as before, the resident size after
+a burst is still brought down by :data:`trimmer`, and what a user set through glibc's
+environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``) is left alone.
 """
 
 from __future__ import annotations
@@ -26,8 +40,9 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 log = logging.getLogger("flowserve")
 
@@ -45,6 +60,48 @@ def _malloc_trim() -> Callable[[], object] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: trim(0)
+
+
+# glibc's mallopt parameters (malloc.h) and the values set
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # DEFAULT_MMAP_THRESHOLD_MAX: blocks above it are always mapped
+TRIM_THRESHOLD = MMAP_THRESHOLD  # a heap's free top kept: up to the largest block a heap serves
+# set by hand, any of these turns glibc's dynamic thresholds off: the user chose
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+# the same two, as a process started with this environment reads them
+ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt``, or None where there is none (musl, macOS)."""
+    try:
+        function = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+def tune_malloc(
+    environ: MutableMapping[str, str] = os.environ,
+    mallopt: Callable[[int, int], int] | None = None,
+) -> bool:
+    """Fix glibc's mmap and trim thresholds at the ends of their dynamic range (see the module's
+    doc), in this process with ``mallopt`` and in the processes it starts (``--workers``, the
+    servers ``analyze`` runs) through glibc's environment; nothing where the user set either,
+    or without glibc. True when they were set."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if any(name in environ for name in USER_SETTINGS) or "glibc.malloc." in tunables:
+        return False
+    mallopt = mallopt if mallopt is not None else _mallopt()
+    if mallopt is None:
+        return False
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return False  # mallopt answers 0 for a value it refuses
+    environ.update(ENVIRONMENT)
+    return True
 
 
 class Trimmer:
