@@ -25,13 +25,13 @@ same for trimming (a heap keeps a free top up to the largest block it serves). L
 they follow the largest block freed so far: a model whose working set is many blocks of a few
 MiB (a conv net's activations on the CPU: torch allocates and frees each layer's output every
 batch) raises the trim threshold only to twice such a block, so after every batch the heap's
-free top is given back and the next batch faults all of it in again. Measured on
-this project's 2-core machine (benchmarks/README.md, "glibc's thresholds"): raw torch on the
+free top is given back and the next batch faults all of it in again. Measured on this
+project's 2-core machine (benchmarks/README.md, "glibc's malloc thresholds"): raw torch on the
 conv net of ``benchmarks/gpu_serving.py``, 1,837-2,668 -> 3,720-3,966 images/s, 1.2-1.6M ->
-55k page faults; served over system shm, 31-55 -> 5-7 faults and 113-189 -> 43-45 us of system
-time per request. Blocks over 32 MiB are still mapped and unmapped as before, the resident size after
-a burst is still brought down by :data:`trimmer`, and what a user set through glibc's
-environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``) is left alone.
+55k page faults; served over system shm, 31-55 -> 5-7 faults and 113-189 -> 43-45 us of
+system time per request. Blocks over 32 MiB are still mapped and unmapped as before, the
+resident size after a burst is still brought down by :data:`trimmer`, and what a user set
+through glibc's environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``) is left alone.
 """
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ def tune_malloc(
     environ: MutableMapping[str, str] = os.environ,
     mallopt: Callable[[int, int], int] | None = None,
 ) -> bool:
-    """Fix glibc's mmap and trim thresholds at the ends of their dynamic range (see the module's
-    doc), in this process with ``mallopt`` and in the processes it starts (``--workers``, the
-    servers ``analyze`` runs) through glibc's environment; nothing where the user set either,
-    or without glibc. True when they were set."""
+    """Fix glibc's mmap and trim thresholds at 32 MiB (see the module's doc): in this process
+    with ``mallopt``, in the processes it starts (``--workers``, the servers ``analyze`` runs)
+    through glibc's environment; nothing where the user set either, or without glibc. True
+    when they were set."""
     tunables = environ.get("GLIBC_TUNABLES", "")
     if any(name in environ for name in USER_SETTINGS) or "glibc.malloc." in tunables:
         return False
