@@ -3,6 +3,7 @@ against Triton 2.51, side by side, same run (issue 28 item 4).
 
     python benchmarks/workers_cpu.py                 # ~4 min: gRPC and HTTP, c=4, 3 repeats
     python benchmarks/workers_cpu.py --protocols grpc --repeats 5
+    python benchmarks/workers_cpu.py --flowserve-count 1   # flowserve: one instance per worker
 
 The model (``benchmarks/models/workers/cpu_burn``): 2 ms of pure Python CPU per request,
 ``instance_group { count: 2 }``, served unchanged by both servers (Triton runs each instance in
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -38,12 +40,28 @@ MODEL = "cpu_burn"
 SIDES = ("triton", "workers=1", "workers=2")
 
 
-def start_flowserve(group: ServerGroup, workers: int) -> Server:
+def flowserve_repository(count: int | None) -> Path:
+    """The repository flowserve serves: the shared one, or a copy whose model has ``count``
+    instances (per worker) while Triton keeps the original's two."""
+    if count is None:
+        return REPOSITORY
+    copy = WORK / "workers_cpu_repository"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(REPOSITORY, copy)
+    config = copy / MODEL / "config.pbtxt"
+    text = config.read_text()
+    if "count: 2" not in text:
+        raise SystemExit(f"{config}: no 'count: 2' to change")
+    config.write_text(text.replace("count: 2", f"count: {count}"))
+    return copy
+
+
+def start_flowserve(group: ServerGroup, workers: int, repository: Path) -> Server:
     http, grpc = free_port(), free_port()
     command = [
         sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1", f"--http-port={http}",
         f"--grpc-port={grpc}", f"--metrics-port={free_port()}", "--workers", str(workers),
-        "--model-repository", str(REPOSITORY),
+        "--model-repository", str(repository),
     ]  # fmt: skip
     return group.start(f"flowserve_w{workers}", command, http, grpc, [f"/v2/models/{MODEL}/ready"])
 
@@ -62,8 +80,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
         print("starting servers ...", flush=True)
         servers = {"triton": start_triton(group)}
+        repository = flowserve_repository(args.flowserve_count)
         for workers in (1, 2):
-            servers[f"workers={workers}"] = start_flowserve(group, workers)
+            servers[f"workers={workers}"] = start_flowserve(group, workers, repository)
         for repeat in range(args.repeats):
             shift = repeat % len(SIDES)
             order = SIDES[shift:] + SIDES[:shift]
@@ -140,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"])
+    parser.add_argument(
+        "--flowserve-count", type=int, default=None, metavar="N",
+        help="serve flowserve a copy of the model with N instances per worker (Triton keeps 2)",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, default=RESULTS / "workers_cpu.json")
     parser.add_argument("--show", type=Path, metavar="JSON", help="print a recorded run's table and exit")
     args = parser.parse_args(argv)
@@ -151,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarize(records)
     print()
     print(render(rows))
-    settings = {"repeats": args.repeats, "concurrency": args.concurrency, "model": MODEL}
+    settings = {"repeats": args.repeats, "concurrency": args.concurrency, "model": MODEL,
+                "flowserve_count": args.flowserve_count}  # fmt: skip
     benchmark = "CPU-bound Python model: Triton 2.51 vs flowserve --workers 1 and 2, perf_analyzer 2.40"
     write_result(args.output, benchmark, started, settings=settings, summary=rows, runs=records)
     return 0
