@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,32 @@ def test_openmp_threads_wait_passively_unless_the_user_chose(monkeypatch: pytest
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     cpu_thread_defaults()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_main_fixes_glibc_malloc_thresholds_unless_the_user_set_one() -> None:
+    """What ``main`` leaves in the environment is what ``--workers``' processes start with
+    (flowserve/dataplane/memory.py)."""
+    script = (
+        "import contextlib, io, os\n"
+        "from flowserve.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['graph', 'list'])\n"
+        "print(os.environ.get('MALLOC_MMAP_THRESHOLD_'), os.environ.get('MALLOC_TRIM_THRESHOLD_'))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def thresholds(**env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert thresholds() == f"{32 << 20} {32 << 20}"
+    assert thresholds(MALLOC_TRIM_THRESHOLD_="65536") == "None 65536"
