@@ -28,10 +28,12 @@ batch) raises the trim threshold only to twice such a block, so after every batc
 free top is given back and the next batch faults all of it in again. Measured on this
 project's 2-core machine (benchmarks/README.md, "glibc's malloc thresholds"): raw torch on the
 conv net of ``benchmarks/gpu_serving.py``, 1,837-2,668 -> 3,720-3,966 images/s, 1.2-1.6M ->
-55k page faults; served over system shm, 31-55 -> 5-7 faults and 113-189 -> 43-45 us of
-system time per request. Blocks over 32 MiB are still mapped and unmapped as before, the
-resident size after a burst is still brought down by :data:`trimmer`, and what a user set
-through glibc's environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``) is left alone.
+55k page faults (whether a process falls into it depends on the order of its first frees: in
+another hour glibc's own rule read 3,500-4,148); served over system shm, 31-55 -> 5-7 faults
+and 113-189 -> 43-45 us of system time per request. Blocks over 32 MiB are still mapped and
+unmapped as before, the resident size after a burst is still brought down by :data:`trimmer`,
+and what a user set through glibc's environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``) is left
+alone.
 """
 
 from __future__ import annotations
