@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import logging
 import os
 import time
 from collections.abc import Callable, MutableMapping
+from typing import Any
 
 log = logging.getLogger("flowserve")
 
@@ -52,16 +52,24 @@ TRIM_AFTER = 64 << 20  # bytes freed since the last trim before the next one
 TRIM_EVERY_S = 1.0  # at most one trim this often
 
 
-def _malloc_trim() -> Callable[[], object] | None:
-    """glibc's ``malloc_trim(0)`` (it lets the GIL go), or None where there is none."""
+def _libc(name: str, argtypes: list[Any]) -> Any | None:
+    """The C library's function ``name`` returning an int, from the symbols the process has
+    loaded already (no library search at start), or None where the C library has none (glibc's
+    ``malloc_trim`` and ``mallopt``: musl and macOS lack the first; musl's ``mallopt`` does
+    nothing and says so)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return lambda: trim(0)
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)`` (it lets the GIL go), or None where there is none."""
+    trim = _libc("malloc_trim", [ctypes.c_size_t])
+    return None if trim is None else lambda: trim(0)
 
 
 # glibc's mallopt parameters (malloc.h) and the values set
@@ -75,17 +83,6 @@ USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP
 ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
 
 
-def _mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt``, or None where there is none (musl, macOS)."""
-    try:
-        function = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
 def tune_malloc(
     environ: MutableMapping[str, str] = os.environ,
     mallopt: Callable[[int, int], int] | None = None,
@@ -97,7 +94,7 @@ def tune_malloc(
     tunables = environ.get("GLIBC_TUNABLES", "")
     if any(name in environ for name in USER_SETTINGS) or "glibc.malloc." in tunables:
         return False
-    mallopt = mallopt if mallopt is not None else _mallopt()
+    mallopt = mallopt if mallopt is not None else _libc("mallopt", [ctypes.c_int, ctypes.c_int])
     if mallopt is None:
         return False
     if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
