@@ -93,7 +93,7 @@ def locked(kind: str, platform: str) -> bool:
 def slots_of(kind: str, platform: str, instances: int) -> int:
     """A model's slots per worker: 1 for a graph or ensemble (its steps may be Python) and a
     Python model (one interpreter lock), else its instance count."""
-    if kind != "model" or platform in GIL_BOUND:
+    if kind != "model" or locked(kind, platform):
         return 1
     return max(1, instances)
 
