@@ -71,7 +71,7 @@ output [
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
-_ADD_SUB = '''
+_ADD_SUB = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -84,7 +84,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
         return responses
-'''
+"""
 
 # echoes its input and answers the request's parameters as JSON (a BYTES tensor)
 _PARAMS_CONFIG = """
@@ -98,7 +98,7 @@ output [
 ]
 """
 
-_PARAMS = '''
+_PARAMS = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -112,7 +112,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("OUTPUT0", x), pb_utils.Tensor("PARAMS", params)]))
         return responses
-'''
+"""
 
 # waits INPUT0[0] seconds in 20 ms steps, answering early when Triton cancels the request; a
 # cancelled request appends its "marker" parameter to the file the model's parameter names
@@ -125,7 +125,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 parameters { key: "cancel_log" value: { string_value: "%s" } }
 """
 
-_WAIT = '''
+_WAIT = """
 import json
 import time
 
@@ -151,7 +151,7 @@ class TritonPythonModel:
                 time.sleep(0.02)
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", x)]))
         return responses
-'''
+"""
 
 
 def _write_model(repo: Path, name: str, config: str, model: str) -> None:
@@ -219,6 +219,36 @@ def triton_factory(tmp_path: Path) -> Iterator[Any]:
     """Starts Tritons (each with the models above) and stops every one it started."""
     started: list[Triton] = []
 
+    def launch(
+        command: list[str], http_port: int, grpc_port: int, log: Path, cancel_log: Path, retry: bool
+    ) -> Triton | None:
+        """One Triton, waited for until ready; None when it died of ``STUB_LOCK_CRASH`` and
+        ``retry`` (Triton's own start-up crash, not the test's subject: start it once more)."""
+        assert _INSTALL is not None
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                env=_INSTALL.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        triton = Triton(process, http_port, grpc_port, log, cancel_log)
+        started.append(triton)
+        deadline = time.monotonic() + 120
+        while not _ready(http_port):
+            if process.poll() is not None:
+                text = log.read_text()
+                if retry and STUB_LOCK_CRASH in text:
+                    with contextlib.suppress(ProcessLookupError):  # its stubs, if any are left
+                        os.killpg(process.pid, signal.SIGKILL)
+                    return None
+                raise RuntimeError(f"Triton exited with {process.returncode}: {text[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Triton was not ready after 120 s: {log.read_text()[-3000:]}")
+            time.sleep(0.25)
+        return triton
+
     def start(http_port: int = 0, grpc_port: int = 0) -> Triton:
         assert _INSTALL is not None
         root = tmp_path / f"triton{len(started)}"
@@ -228,32 +258,10 @@ def triton_factory(tmp_path: Path) -> Iterator[Any]:
         log = root / "triton.log"
         # a short exit timeout: Triton waits that long for open client connections at SIGTERM
         command = [*_INSTALL.command(repo, http_port, grpc_port), "--exit-timeout-secs=5"]
-        for attempt in range(2):
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    command,
-                    env=_INSTALL.env(),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            triton = Triton(process, http_port, grpc_port, log, cancel_log)
-            started.append(triton)
-            deadline = time.monotonic() + 120
-            while not _ready(http_port):
-                if process.poll() is not None:
-                    text = log.read_text()
-                    if attempt == 0 and STUB_LOCK_CRASH in text:
-                        with contextlib.suppress(ProcessLookupError):  # its stubs, if any are left
-                            os.killpg(process.pid, signal.SIGKILL)
-                        break  # Triton's own start-up crash, not the test's subject: once more
-                    raise RuntimeError(f"Triton exited with {process.returncode}: {text[-3000:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Triton was not ready after 120 s: {log.read_text()[-3000:]}")
-                time.sleep(0.25)
-            else:
-                return triton
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        given = (command, http_port, grpc_port, log, cancel_log)
+        triton = launch(*given, retry=True) or launch(*given, retry=False)
+        assert triton is not None  # without retry it is ready or has raised
+        return triton
 
     try:
         yield start
@@ -417,7 +425,9 @@ def test_types_are_checked_against_triton_at_load(
     _graph(
         graphs,
         "misdeclared",
-        _add_sub_graph(url, extra="    outputs: {OUTPUT0: {datatype: FP16, dims: [-1, 16]}, OUTPUT1: null}\n"),
+        _add_sub_graph(
+            url, extra="    outputs: {OUTPUT0: {datatype: FP16, dims: [-1, 16]}, OUTPUT1: null}\n"
+        ),
     )
     _graph(graphs, "missing", _add_sub_graph(url).replace("model: add_sub", "model: no_such_model"))
     front = _front(server_factory, graphs)
