@@ -277,8 +277,9 @@ class Repository:
                     nodes = self._forwarding_nodes(plan, model, version, self.placement)
                 else:
                     nodes = build_nodes(
-                        plan, self.registry, model, version, stats, self.clock, self.cache, self.load_settings
-                    )
+                        plan, self.registry, self._share(model), version, stats, self.clock, self.cache,
+                        self.load_settings,
+                    )  # fmt: skip
                 for node in nodes:
                     progress.doing = f"node '{node.name}'"
                     try:
@@ -338,6 +339,10 @@ class Repository:
         for failed_version, reason in failed.items():
             self.registry.mark(name, failed_version, State.UNAVAILABLE, reason)
         return old
+
+    def _share(self, model: ModelSpec | None) -> ModelSpec | None:
+        """``model`` with the instances this process loads (see :meth:`Placement.instances`)."""
+        return model if model is None or self.placement is None else self.placement.instances(model)
 
     def _forwarding_nodes(
         self, plan: Plan, model: ModelSpec, version: int, placement: Placement

@@ -104,6 +104,9 @@ class InstanceSpec:
     priority: int = 0
     # KIND_RAY: the instances are Ray actors asking for these resources (set exactly then)
     ray: RaySpec | None = None
+    # the index in the whole group of this process's first instance of it: with ``--workers N``
+    # a worker may load a share of a group (repository/placement.py), named as Triton would
+    first: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def placement(model: ModelSpec, index: int, backend: str, gpu_capable: bool = Tr
             break
         start += g.count
     kind = group.kind if group is not None else "KIND_AUTO"
-    local = index - start if group is not None else index
+    local = group.first + index - start if group is not None else index
     if kind in ("KIND_CPU", "KIND_MODEL"):
         return Placement("CPU")
     count = gpu_count()

@@ -582,7 +582,7 @@ def _instance_name(model: str, config: dict[str, Any], groups: Any, index: int) 
     for g, group in enumerate(groups):
         if index < start + group.count:
             given = named[g].get("name") if g < len(named) else None
-            return f"{given or f'{model}_{g}'}_{index - start}"
+            return f"{given or f'{model}_{g}'}_{group.first + index - start}"
         start += group.count
     return f"{model}_0_{index}"
 
