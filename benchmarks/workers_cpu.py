@@ -3,11 +3,12 @@ against Triton 2.51, side by side, same run (issue 28 item 4).
 
     python benchmarks/workers_cpu.py                 # ~4 min: gRPC and HTTP, c=4, 3 repeats
     python benchmarks/workers_cpu.py --protocols grpc --repeats 5
-    python benchmarks/workers_cpu.py --flowserve-count 1   # flowserve: one instance per worker
+    python benchmarks/workers_cpu.py --flowserve-count 4   # flowserve: the model with count: 4
 
 The model (``benchmarks/models/workers/cpu_burn``): 2 ms of pure Python CPU per request,
 ``instance_group { count: 2 }``, served unchanged by both servers (Triton runs each instance in
-its own stub process, so its two instances use two cores). perf_analyzer 2.40 at concurrency 4:
+its own stub process, so its two instances use two cores; flowserve's two workers load one
+each: ``flowserve/repository/placement.py``). perf_analyzer 2.40 at concurrency 4:
 over gRPC every request travels on **one** HTTP/2 connection, which one flowserve worker
 accepts, so the second core is reached only by moving requests to the other worker
 (``flowserve/cluster/routing.py``); over HTTP it opens one connection per concurrent request.
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"])
     parser.add_argument(
         "--flowserve-count", type=int, default=None, metavar="N",
-        help="serve flowserve a copy of the model with N instances per worker (Triton keeps 2)",
+        help="serve flowserve a copy of the model with count: N, shared over the workers (Triton keeps 2)",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, default=RESULTS / "workers_cpu.json")
     parser.add_argument("--show", type=Path, metavar="JSON", help="print a recorded run's table and exit")
