@@ -8,12 +8,21 @@ from typing import Any
 from flowserve.core.node import TensorMap
 
 
+def reduce_by_fields(self: Any) -> tuple[type, tuple[Any, ...]]:
+    """Pickled as a call of the class with its fields in order: a slots dataclass otherwise
+    pickles through copyreg's generic state, twice the cost (requests and responses cross the
+    link between worker processes on every hop)."""
+    return type(self), tuple(getattr(self, name) for name in self.__slots__)
+
+
 @dataclass(slots=True)
 class RequestedOutput:
     """An output the caller asked for; ``class_count`` > 0 asks for Triton's top-k classification."""
 
     name: str
     class_count: int = 0
+
+    __reduce__ = reduce_by_fields
 
 
 @dataclass(slots=True)
@@ -31,6 +40,8 @@ class InferRequest:
     # the in-process API): a stateful model shares its sequence slots fairly between clients
     peer: str = ""
 
+    __reduce__ = reduce_by_fields
+
 
 @dataclass(slots=True)
 class InferResponse:
@@ -39,3 +50,5 @@ class InferResponse:
     outputs: TensorMap
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    __reduce__ = reduce_by_fields

@@ -18,6 +18,7 @@ from typing import Any
 from flowserve.core.clock import MONOTONIC, Clock
 from flowserve.core.errors import Unavailable
 from flowserve.core.node import Context, Node, TensorMap
+from flowserve.core.types import reduce_by_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class Forwarded:
     timeout_ns: int | None  # time left when it was sent (None: no deadline)
     stream: bool  # the owner answers with every response (a decoupled model), not one
     peer: str = ""  # the client that sent it (Context.peer)
+
+    __reduce__ = reduce_by_fields
 
 
 # run one forwarded request on the owner: one output map, or every response of a stream

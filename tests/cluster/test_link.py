@@ -97,6 +97,13 @@ async def test_round_trip_of_nested_tensors(pair: Pair) -> None:
             "f16": np.ones((2, 2), dtype=np.float16),
             "bytes": np.array([b"a", b"bc"], dtype=object),
             "big": big,
+            "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+            "strided": np.arange(20, dtype=np.float64).reshape(4, 5)[:, 1::2],
+            "fortran": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+            "scalar": np.array(7.5, dtype=np.float32),
+            "empty": np.zeros((0, 3), dtype=np.uint32),
+            "complex": np.array([1 + 2j], dtype=np.complex64),
+            "structured": np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f8")]),
         },
         "meta": [1, "two", (3.0, None)],
         "raw": pickle.PickleBuffer(bytearray(b"x" * 100_000)),
@@ -107,6 +114,7 @@ async def test_round_trip_of_nested_tensors(pair: Pair) -> None:
         got = reply["inputs"][key]
         assert got.dtype == array.dtype and got.shape == array.shape
         assert np.array_equal(got, array)
+        assert got.flags.writeable == array.flags.writeable, key  # a model may change its inputs
     got = reply["inputs"]["big"]
     # received as a writable view of shared memory, not rebuilt from a copy inside the pickle
     assert got.flags.writeable
