@@ -5,8 +5,9 @@ an instance today is a thread (one per instance, so thread-affine frameworks and
 streams stay put), and could be a process or a remote actor without anything above changing.
 A call waits for a free instance, so an instance runs one batch at a time, as in Triton.
 
-Handing a call to a thread and back costs 100 to 200 us on a small machine, several times
-the work of a cheap Python node or model. A pool created with ``inline=True`` therefore runs a
+Handing a call to a thread and back costs tens of microseconds of CPU (:class:`Worker`), and
+more in latency while the thread waits for the interpreter lock, several times the work of a
+cheap Python node or model. A pool created with ``inline=True`` therefore runs a
 call directly on the event loop while its measured execution time stays under a threshold
 (default 1 ms: ``LoadSettings.inline_threshold_us``), and on the worker thread otherwise: see
 :class:`InlinePolicy`. Python work holds the GIL, so on a thread it does not leave the loop
@@ -22,9 +23,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import queue
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -112,20 +115,181 @@ class InlinePolicy:
         self.observe(ns)
 
 
+class Call(Generic[R]):
+    """One call handed to a :class:`Worker`'s thread, its outcome awaited on the event loop
+    (``future``). The thread and the loop each take the call's one token to decide its fate,
+    so exactly one of them does: the thread to run it, or :meth:`cancel` to drop it unstarted.
+    (``list.pop`` is one step under the interpreter lock.)"""
+
+    __slots__ = ("args", "finished", "fn", "future", "loop", "returned", "started", "token")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., R], args: tuple[object, ...]
+    ) -> None:
+        self.loop = loop
+        self.fn = fn
+        self.args = args
+        self.future: asyncio.Future[R] = loop.create_future()
+        self.token: list[None] = [None]
+        self.started = False  # its thread took the token
+        self.finished = False  # the thread is done with it (its outcome may not be on the loop yet)
+        self.returned: Callable[[], None] | None = None  # on the loop, once the outcome is there
+
+    def run(self) -> None:
+        """On the worker's thread."""
+        try:
+            self.token.pop()
+        except IndexError:
+            return  # dropped before it started
+        self.started = True
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self.fn(*self.args)
+        except BaseException as exc:  # handed to the awaiting side, as an executor does
+            error = exc
+        self.finished = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits any more
+            self.loop.call_soon_threadsafe(self._settle, result, error)
+
+    def _settle(self, result: Any, error: BaseException | None) -> None:
+        future = self.future
+        if not future.done():
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+        if self.returned is not None:
+            self.returned()
+
+    def drop(self) -> bool:
+        """Take the call from its thread if the thread has not started it (from any thread)."""
+        try:
+            self.token.pop()
+        except IndexError:
+            return False
+        return True
+
+    def cancel(self) -> bool:
+        """On the loop: drop the call if its thread has not started it (True), its future
+        cancelled; a started one runs on (False)."""
+        if not self.drop():
+            return False
+        self.future.cancel()
+        return True
+
+    @property
+    def running(self) -> bool:
+        """Started on its thread and not finished there."""
+        return self.started and not self.finished
+
+
+class _Submitted:
+    """A call whose outcome goes to a :class:`concurrent.futures.Future` (awaited anywhere)."""
+
+    __slots__ = ("args", "fn", "future")
+
+    def __init__(
+        self, future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple[object, ...]
+    ):
+        self.future = future
+        self.fn = fn
+        self.args = args
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+
+_STOP = None  # what ends a worker's thread
+_LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    """At interpreter exit, before it joins the threads: every worker's thread ends once its
+    current call returns, shut down or not (what ``concurrent.futures`` does for its own)."""
+    for worker in list(_LIVE):
+        worker._queue.put(_STOP)
+
+
+threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
+
+
 class Worker:
-    """One dedicated thread."""
+    """One dedicated thread, fed through a queue.
+
+    A call hands the thread its function and takes the outcome back on the event loop with one
+    ``call_soon_threadsafe``: 23 us of CPU per round trip here against 68 us through a
+    ``ThreadPoolExecutor`` and ``asyncio.wrap_future`` (a ``concurrent.futures.Future`` with its
+    condition variable, and a chain of callbacks each way), for every call of every instance
+    that computes on its thread (``benchmarks/README.md``, "The hand-off to an instance's
+    thread"). As an executor's, the thread is not a daemon: the interpreter waits at exit for a
+    call still running (never cut short inside a framework), and the server's exit watchdog
+    ends a process whose hung call would hold it (``server.exit_watchdog``)."""
 
     def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._queue: queue.SimpleQueue[Call[Any] | _Submitted | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=f"{name}_0")
+        self._thread.start()
+        _LIVE.add(self)
+
+    def _serve(self) -> None:
+        get = self._queue.get
+        while (job := get()) is not _STOP:
+            job.run()
+            del job  # nothing of the last call stays alive while the thread waits
+
+    def start(self, fn: Callable[..., R], *args: object) -> Call[R]:
+        """Hand ``fn(*args)`` to the thread; await the returned call's ``future``."""
+        if self._closed:
+            raise RuntimeError("cannot start a call on a worker that was shut down")
+        job = Call(asyncio.get_running_loop(), fn, args)
+        self._queue.put(job)
+        return job
 
     async def call(self, fn: Callable[..., R], *args: object) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """``fn(*args)`` on the thread; a caller cancelled before it started drops it."""
+        job = self.start(fn, *args)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
 
     def submit(self, fn: Callable[..., R], *args: object) -> concurrent.futures.Future[R]:
-        return self._pool.submit(fn, *args)
+        """``fn(*args)`` on the thread, its outcome in a :class:`concurrent.futures.Future`."""
+        if self._closed:
+            raise RuntimeError("cannot submit a call to a worker that was shut down")
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        self._queue.put(_Submitted(future, fn, args))
+        return future
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Drop the calls not started (their callers see them cancelled) and end the thread
+        once its current call returns."""
+        self._closed = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(job, Call):
+                if job.drop():
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits
+                        job.loop.call_soon_threadsafe(job.future.cancel)
+            elif job is not _STOP:
+                job.cancel()
+        self._queue.put(_STOP)
 
 
 class InstancePool(Generic[T]):
@@ -221,16 +385,23 @@ class InstancePool(Generic[T]):
                     return fn(pair[0], arg)
                 finally:
                     policy.observe_inline(time.perf_counter_ns() - start)
-            return await self._wait(pair, pair[1].submit(_timed, policy, fn, pair[0], arg), sem)
+            return await self._wait(pair, pair[1].start(_timed, policy, fn, pair[0], arg), sem)
         finally:
             self._give_back(pair, sem)
 
     async def _wait(
-        self, pair: tuple[T, Worker], job: concurrent.futures.Future[R], sem: asyncio.Semaphore
+        self, pair: tuple[T, Worker], job: Call[R] | concurrent.futures.Future[R], sem: asyncio.Semaphore
     ) -> R:
         """Await a call on ``pair``'s thread. If the caller gives up (request timeout, client
         gone, sibling failed), a call that has not started is dropped; one that is running
         cannot be stopped, so its instance stays out of the pool until the call returns."""
+        if isinstance(job, Call):
+            try:
+                return await job.future
+            except asyncio.CancelledError:
+                if not job.cancel() and job.running:
+                    self._abandon(pair, job, sem)
+                raise
         try:
             return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
@@ -254,7 +425,7 @@ class InstancePool(Generic[T]):
         return len(self._abandoned)
 
     def _abandon(
-        self, pair: tuple[T, Worker], job: concurrent.futures.Future[Any], sem: asyncio.Semaphore
+        self, pair: tuple[T, Worker], job: Call[Any] | concurrent.futures.Future[Any], sem: asyncio.Semaphore
     ) -> None:
         worker = pair[1]
         self._abandoned.add(worker)
@@ -270,6 +441,10 @@ class InstancePool(Generic[T]):
         if callable(abandon):  # an instance that can stop its call (a child process) does so
             with contextlib.suppress(Exception):
                 abandon()
+
+        if isinstance(job, Call):  # its outcome comes back on the loop: give the instance back then
+            job.returned = lambda: self._returned(pair, sem)
+            return
 
         def returned(_: object) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to give back to

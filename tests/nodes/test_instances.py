@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
-from flowserve.nodes.instances import InlinePolicy, InstancePool
+import pytest
+
+from flowserve.nodes.instances import InlinePolicy, InstancePool, Worker
 
 
 def test_policy_probes_then_inlines_cheap_calls() -> None:
@@ -143,3 +147,107 @@ def test_likely_inline_answers_as_inline_without_counting() -> None:
     assert not policy.inline()
     assert policy.inline()  # the re-probe, on the second call as configured
     assert not InlinePolicy(threshold_ns=0, probe=0).likely_inline()
+
+
+async def test_a_worker_runs_calls_on_its_thread_in_order_and_hands_back_errors() -> None:
+    worker = Worker("w")
+    try:
+        seen: list[int] = []
+        results = await asyncio.gather(
+            *(worker.call(lambda i: seen.append(i) or i * 2, i) for i in range(50))
+        )
+        assert results == [i * 2 for i in range(50)] and seen == list(range(50))
+        assert await worker.call(threading.current_thread) is not threading.current_thread()
+        assert (await worker.call(lambda: threading.current_thread().name)) == "w_0"
+        with pytest.raises(ZeroDivisionError):
+            await worker.call(lambda: 1 / 0)
+        assert worker.submit(lambda: 7).result(timeout=10) == 7  # awaited from any thread
+    finally:
+        worker.shutdown()
+
+
+async def _blocked(worker: Worker) -> tuple[threading.Event, threading.Event, asyncio.Task[None]]:
+    """A first call holding the worker's thread until ``release`` is set."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(10)
+
+    first = asyncio.ensure_future(worker.call(hold))
+    assert await asyncio.to_thread(entered.wait, 10)
+    return entered, release, first
+
+
+async def test_a_call_cancelled_before_its_thread_took_it_never_runs() -> None:
+    worker = Worker("w")
+    try:
+        _, release, first = await _blocked(worker)
+        ran: list[str] = []
+        second = asyncio.ensure_future(worker.call(ran.append, "second"))
+        await asyncio.sleep(0.01)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        release.set()
+        await first
+        assert await worker.call(ran.append, "third") is None
+        assert ran == ["third"]
+    finally:
+        worker.shutdown()
+
+
+async def test_shutdown_drops_the_queued_calls_and_lets_the_running_one_finish() -> None:
+    worker = Worker("w")
+    _, release, first = await _blocked(worker)
+    ran: list[str] = []
+    queued = [asyncio.ensure_future(worker.call(ran.append, str(i))) for i in range(3)]
+    submitted = worker.submit(ran.append, "submitted")
+    await asyncio.sleep(0.01)
+    worker.shutdown()
+    release.set()
+    await first
+    for call in queued:
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert submitted.cancelled() and ran == []
+    with pytest.raises(RuntimeError, match="shut down"):
+        await worker.call(ran.append, "late")
+
+
+async def test_an_abandoned_instance_serves_again_once_its_call_returns() -> None:
+    """A caller that gives up on a running call leaves the instance out of the pool until the
+    call returns on its thread; a call not started yet is dropped and the instance kept."""
+    pool: InstancePool[int] = InstancePool("t")
+    await pool.add(lambda i: i)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(instance: int, _: object) -> int:
+        entered.set()
+        release.wait(10)
+        return instance
+
+    running = asyncio.ensure_future(pool.run(hold, None))
+    assert await asyncio.to_thread(entered.wait, 10)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert pool.abandoned == 1
+    waiting = asyncio.ensure_future(pool.run(lambda instance, _: instance + 100, None))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # no free instance while the abandoned call runs
+    release.set()
+    assert await asyncio.wait_for(waiting, 10) == 100
+    assert pool.abandoned == 0
+    await pool.close()
+
+
+def test_a_worker_never_shut_down_does_not_hold_the_interpreter_at_exit() -> None:
+    code = (
+        "import asyncio\n"
+        "from flowserve.nodes.instances import Worker\n"
+        "worker = Worker('left')\n"
+        "print(asyncio.run(worker.call(sum, [1, 2])))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr
