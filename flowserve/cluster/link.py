@@ -443,8 +443,8 @@ def _array(dtype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
 class _Pickler(pickle.Pickler):
     """Protocol 5 with numeric arrays as ``_array(dtype string, shape, buffer)``: numpy's own
     reduction pickles the dtype as an object (a call and its state) and rebuilds through its
-    own helper, which was half the cost of a small request's hop (a 1-element array in and out:
-    pickling and unpickling 38 -> 19 us per round trip with the requests' own reductions). The
+    own helper: with the requests' own reductions (``core/types.py``), a spilled request with a
+    1-element array and its answer pickle and unpickle in 23 us instead of 35. The
     array is the same on arrival: same dtype (byte order included), shape and values, on the
     received buffer; other arrays (objects, structured, subclasses) pickle as numpy does."""
 

@@ -121,7 +121,7 @@ class Call(Generic[R]):
     so exactly one of them does: the thread to run it, or :meth:`cancel` to drop it unstarted.
     (``list.pop`` is one step under the interpreter lock.)"""
 
-    __slots__ = ("args", "finished", "fn", "future", "loop", "returned", "started", "token")
+    __slots__ = ("args", "dropped", "finished", "fn", "future", "loop", "returned", "token")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., R], args: tuple[object, ...]
@@ -131,7 +131,7 @@ class Call(Generic[R]):
         self.args = args
         self.future: asyncio.Future[R] = loop.create_future()
         self.token: list[None] = [None]
-        self.started = False  # its thread took the token
+        self.dropped = False  # the loop took the token: the thread never runs it
         self.finished = False  # the thread is done with it (its outcome may not be on the loop yet)
         self.returned: Callable[[], None] | None = None  # on the loop, once the outcome is there
 
@@ -141,7 +141,6 @@ class Call(Generic[R]):
             self.token.pop()
         except IndexError:
             return  # dropped before it started
-        self.started = True
         result: Any = None
         error: BaseException | None = None
         try:
@@ -168,6 +167,7 @@ class Call(Generic[R]):
             self.token.pop()
         except IndexError:
             return False
+        self.dropped = True
         return True
 
     def cancel(self) -> bool:
@@ -180,8 +180,8 @@ class Call(Generic[R]):
 
     @property
     def running(self) -> bool:
-        """Started on its thread and not finished there."""
-        return self.started and not self.finished
+        """Taken by its thread and not finished there (read on the loop, which alone drops)."""
+        return not self.token and not self.dropped and not self.finished
 
 
 class _Submitted:
