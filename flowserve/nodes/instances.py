@@ -20,7 +20,6 @@ batching 9.7k -> 10.8k. Backends whose frameworks are thread-affine keep inline 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -121,7 +120,7 @@ class Call(Generic[R]):
     so exactly one of them does: the thread to run it, or :meth:`cancel` to drop it unstarted.
     (``list.pop`` is one step under the interpreter lock.)"""
 
-    __slots__ = ("args", "dropped", "finished", "fn", "future", "loop", "returned", "token")
+    __slots__ = ("args", "dropped", "ended", "finished", "fn", "future", "loop", "token")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., R], args: tuple[object, ...]
@@ -133,7 +132,8 @@ class Call(Generic[R]):
         self.token: list[None] = [None]
         self.dropped = False  # the loop took the token: the thread never runs it
         self.finished = False  # the thread is done with it (its outcome may not be on the loop yet)
-        self.returned: Callable[[], None] | None = None  # on the loop, once the outcome is there
+        # run on the loop once the call is over: its outcome there, or dropped unstarted
+        self.ended: list[Callable[[], None]] = []
 
     def run(self) -> None:
         """On the worker's thread."""
@@ -158,8 +158,11 @@ class Call(Generic[R]):
                 future.set_result(result)
             else:
                 future.set_exception(error)
-        if self.returned is not None:
-            self.returned()
+        self._end()
+
+    def _end(self) -> None:
+        for callback in self.ended:
+            callback()
 
     def drop(self) -> bool:
         """Take the call from its thread if the thread has not started it (from any thread)."""
@@ -175,39 +178,18 @@ class Call(Generic[R]):
         cancelled; a started one runs on (False)."""
         if not self.drop():
             return False
-        self.future.cancel()
+        self._abort()
         return True
+
+    def _abort(self) -> None:
+        """On the loop, for a dropped call."""
+        self.future.cancel()
+        self._end()
 
     @property
     def running(self) -> bool:
         """Taken by its thread and not finished there (read on the loop, which alone drops)."""
         return not self.token and not self.dropped and not self.finished
-
-
-class _Submitted:
-    """A call whose outcome goes to a :class:`concurrent.futures.Future` (awaited anywhere)."""
-
-    __slots__ = ("args", "fn", "future")
-
-    def __init__(
-        self, future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple[object, ...]
-    ):
-        self.future = future
-        self.fn = fn
-        self.args = args
-
-    def run(self) -> None:
-        if not self.future.set_running_or_notify_cancel():
-            return
-        try:
-            result = self.fn(*self.args)
-        except BaseException as exc:
-            self.future.set_exception(exc)
-        else:
-            self.future.set_result(result)
-
-    def cancel(self) -> bool:
-        return self.future.cancel()
 
 
 _STOP = None  # what ends a worker's thread
@@ -237,7 +219,7 @@ class Worker:
     ends a process whose hung call would hold it (``server.exit_watchdog``)."""
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[Call[Any] | _Submitted | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}_0")
         self._thread.start()
@@ -259,20 +241,7 @@ class Worker:
 
     async def call(self, fn: Callable[..., R], *args: object) -> R:
         """``fn(*args)`` on the thread; a caller cancelled before it started drops it."""
-        job = self.start(fn, *args)
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
-
-    def submit(self, fn: Callable[..., R], *args: object) -> concurrent.futures.Future[R]:
-        """``fn(*args)`` on the thread, its outcome in a :class:`concurrent.futures.Future`."""
-        if self._closed:
-            raise RuntimeError("cannot submit a call to a worker that was shut down")
-        future: concurrent.futures.Future[R] = concurrent.futures.Future()
-        self._queue.put(_Submitted(future, fn, args))
-        return future
+        return await _outcome(self.start(fn, *args))
 
     def shutdown(self) -> None:
         """Drop the calls not started (their callers see them cancelled) and end the thread
@@ -283,12 +252,9 @@ class Worker:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(job, Call):
-                if job.drop():
-                    with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits
-                        job.loop.call_soon_threadsafe(job.future.cancel)
-            elif job is not _STOP:
-                job.cancel()
+            if job is not _STOP and job.drop():
+                with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits
+                    job.loop.call_soon_threadsafe(job._abort)
         self._queue.put(_STOP)
 
 
@@ -389,23 +355,14 @@ class InstancePool(Generic[T]):
         finally:
             self._give_back(pair, sem)
 
-    async def _wait(
-        self, pair: tuple[T, Worker], job: Call[R] | concurrent.futures.Future[R], sem: asyncio.Semaphore
-    ) -> R:
+    async def _wait(self, pair: tuple[T, Worker], job: Call[R], sem: asyncio.Semaphore) -> R:
         """Await a call on ``pair``'s thread. If the caller gives up (request timeout, client
         gone, sibling failed), a call that has not started is dropped; one that is running
         cannot be stopped, so its instance stays out of the pool until the call returns."""
-        if isinstance(job, Call):
-            try:
-                return await job.future
-            except asyncio.CancelledError:
-                if not job.cancel() and job.running:
-                    self._abandon(pair, job, sem)
-                raise
         try:
-            return await asyncio.wrap_future(job)
+            return await job.future
         except asyncio.CancelledError:
-            if not job.cancel() and not job.done():
+            if not job.cancel() and job.running:
                 self._abandon(pair, job, sem)
             raise
 
@@ -424,9 +381,7 @@ class InstancePool(Generic[T]):
         """Instances busy with a call whose caller gave up (a hung node): they take no new work."""
         return len(self._abandoned)
 
-    def _abandon(
-        self, pair: tuple[T, Worker], job: Call[Any] | concurrent.futures.Future[Any], sem: asyncio.Semaphore
-    ) -> None:
+    def _abandon(self, pair: tuple[T, Worker], job: Call[Any], sem: asyncio.Semaphore) -> None:
         worker = pair[1]
         self._abandoned.add(worker)
         log.warning(
@@ -436,21 +391,12 @@ class InstancePool(Generic[T]):
             len(self._abandoned),
             len(self._all),
         )
-        loop = asyncio.get_running_loop()
         abandon = getattr(pair[0], "abandon", None)
         if callable(abandon):  # an instance that can stop its call (a child process) does so
             with contextlib.suppress(Exception):
                 abandon()
 
-        if isinstance(job, Call):  # its outcome comes back on the loop: give the instance back then
-            job.returned = lambda: self._returned(pair, sem)
-            return
-
-        def returned(_: object) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to give back to
-                loop.call_soon_threadsafe(self._returned, pair, sem)
-
-        job.add_done_callback(returned)
+        job.ended.append(lambda: self._returned(pair, sem))  # on the loop, once it returns
 
     def _returned(self, pair: tuple[T, Worker], sem: asyncio.Semaphore) -> None:
         self._abandoned.discard(pair[1])
@@ -478,7 +424,7 @@ class InstancePool(Generic[T]):
         if self._tickets is not None and worker in self._tickets:
             ticket = self._tickets[worker]
             await ticket.acquire()
-            return await asyncio.wrap_future(_submit_admitted(worker, ticket, fn, instance, arg))
+            return await _outcome(_start_admitted(worker, ticket, fn, instance, arg))
         return await worker.call(fn, instance, arg)
 
     # ---------------------------------------------------------------- rate limiter
@@ -507,10 +453,10 @@ class InstancePool(Generic[T]):
         try:
             ticket = tickets.get(pair[1])
             if ticket is None:
-                job = pair[1].submit(fn, pair[0], arg)
+                job = pair[1].start(fn, pair[0], arg)
             else:
                 await ticket.acquire()
-                job = _submit_admitted(pair[1], ticket, fn, pair[0], arg)
+                job = _start_admitted(pair[1], ticket, fn, pair[0], arg)
             if on_acquired is not None:
                 on_acquired()
             return await self._wait(pair, job, sem)
@@ -569,24 +515,25 @@ class InstancePool(Generic[T]):
         self._tickets = None
 
 
-def _submit_admitted(
-    worker: Worker, ticket: Ticket, fn: Callable[..., R], *args: object
-) -> concurrent.futures.Future[R]:
-    """Submit a call whose resources ``ticket`` holds; they go back when the call is done on
-    its thread (ran, failed, or was cancelled before it started)."""
+def _start_admitted(worker: Worker, ticket: Ticket, fn: Callable[..., R], *args: object) -> Call[R]:
+    """Start a call whose resources ``ticket`` holds; they go back when the call is over on
+    its thread (ran, failed, or was dropped before it started)."""
     try:
-        job = worker.submit(fn, *args)
+        job = worker.start(fn, *args)
     except BaseException:
         ticket.release()
         raise
-    loop = asyncio.get_running_loop()
-
-    def done(_: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to give back to
-            loop.call_soon_threadsafe(ticket.release)
-
-    job.add_done_callback(done)
+    job.ended.append(ticket.release)
     return job
+
+
+async def _outcome(job: Call[R]) -> R:
+    """Await a call; a caller cancelled before the call started drops it."""
+    try:
+        return await job.future
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
 
 
 def _timed(policy: InlinePolicy, fn: Callable[[T, A], R], instance: T, arg: A) -> R:

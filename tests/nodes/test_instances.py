@@ -161,7 +161,6 @@ async def test_a_worker_runs_calls_on_its_thread_in_order_and_hands_back_errors(
         assert (await worker.call(lambda: threading.current_thread().name)) == "w_0"
         with pytest.raises(ZeroDivisionError):
             await worker.call(lambda: 1 / 0)
-        assert worker.submit(lambda: 7).result(timeout=10) == 7  # awaited from any thread
     finally:
         worker.shutdown()
 
@@ -202,7 +201,6 @@ async def test_shutdown_drops_the_queued_calls_and_lets_the_running_one_finish()
     _, release, first = await _blocked(worker)
     ran: list[str] = []
     queued = [asyncio.ensure_future(worker.call(ran.append, str(i))) for i in range(3)]
-    submitted = worker.submit(ran.append, "submitted")
     await asyncio.sleep(0.01)
     worker.shutdown()
     release.set()
@@ -210,7 +208,7 @@ async def test_shutdown_drops_the_queued_calls_and_lets_the_running_one_finish()
     for call in queued:
         with pytest.raises(asyncio.CancelledError):
             await call
-    assert submitted.cancelled() and ran == []
+    assert ran == []
     with pytest.raises(RuntimeError, match="shut down"):
         await worker.call(ran.append, "late")
 

@@ -18,6 +18,7 @@ import pytest
 import flowserve
 from flowserve.core.errors import InvalidArgument
 from flowserve.nodes.backends import autocompletions
+from flowserve.nodes.instances import InstancePool
 from flowserve.nodes.ratelimit import RateLimiter, ResourceLimit, instance_needs, parse_resource_limit, pick
 from flowserve.spec.repository import scan_model
 from flowserve.spec.schema import InstanceSpec, ModelSpec, ResourceSpec
@@ -305,3 +306,35 @@ async def test_the_server_option_turns_the_limiter_on(two_models: Path, probe: t
         assert plane.engine.rate_limiter is None  # off by default
     finally:
         await server.stop()
+
+
+async def test_a_limited_calls_resources_come_back_when_its_caller_gives_up() -> None:
+    """Given back when the call is over on its thread: at once for a call its caller gave up
+    before it started, when it returns for one that was running (never while it runs)."""
+    limiter = RateLimiter()
+    [a] = limiter.tickets(_model(InstanceSpec(resources=(ResourceSpec("R", 1),))), 1)
+    assert a is not None
+    pool: InstancePool[int] = InstancePool("limited")
+    await pool.add(lambda i: i)
+    pool.limit([a])
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(instance: int, _: object) -> int:
+        entered.set()
+        release.wait(10)
+        return instance
+
+    running = asyncio.ensure_future(pool.run_on(0, hold, None))
+    assert await asyncio.to_thread(entered.wait, 10)
+    queued = asyncio.ensure_future(pool.run_on(0, lambda instance, _: instance, None))
+    await _until(lambda: limiter.waiting == 1, "a waiter for the resource")
+    queued.cancel()
+    running.cancel()
+    for task in (queued, running):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert limiter.free == {("R", 0): 0}  # the running call still holds it
+    release.set()
+    await _until(lambda: limiter.free == {("R", 0): 1}, "the resource back")
+    assert await pool.run(lambda instance, _: instance + 1, None) == 1
+    await pool.close()
