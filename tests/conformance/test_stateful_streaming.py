@@ -38,31 +38,31 @@ def accumulate(
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_interleaved_sequences(server: ServerProcess, protocol: str) -> None:
     module: Any = httpclient if protocol == "http" else grpcclient
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-    base = 1000 if protocol == "http" else 2000
-    a, b = base + 1, base + 2
-    assert accumulate(client, module, a, 1, start=True) == 1
-    assert accumulate(client, module, b, 10, start=True) == 10
-    assert accumulate(client, module, a, 2) == 3
-    assert accumulate(client, module, b, 20) == 30
-    assert accumulate(client, module, a, 3, end=True) == 6
-    assert accumulate(client, module, b, 30, end=True) == 60
-    with pytest.raises(InferenceServerException, match="must specify the START flag"):
-        accumulate(client, module, a, 1)  # ended: a new request needs START
+    with module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url) as client:
+        base = 1000 if protocol == "http" else 2000
+        a, b = base + 1, base + 2
+        assert accumulate(client, module, a, 1, start=True) == 1
+        assert accumulate(client, module, b, 10, start=True) == 10
+        assert accumulate(client, module, a, 2) == 3
+        assert accumulate(client, module, b, 20) == 30
+        assert accumulate(client, module, a, 3, end=True) == 6
+        assert accumulate(client, module, b, 30, end=True) == 60
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
+            accumulate(client, module, a, 1)  # ended: a new request needs START
 
 
 def test_idle_sequence_times_out(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
-    assert accumulate(client, httpclient, 3001, 5, start=True) == 5
-    # the model's idle limit is 200 ms; each check touches the sequence, so wait longer each time
-    for wait in (0.6, 1.2, 2.4, 4.8):
-        time.sleep(wait)
-        try:
-            accumulate(client, httpclient, 3001, 1)
-        except InferenceServerException as exc:
-            assert "released after being idle" in str(exc)
-            return
-    pytest.fail("sequence 3001 never timed out")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert accumulate(client, httpclient, 3001, 5, start=True) == 5
+        # the model's idle limit is 200 ms; each check touches the sequence, so wait longer each time
+        for wait in (0.6, 1.2, 2.4, 4.8):
+            time.sleep(wait)
+            try:
+                accumulate(client, httpclient, 3001, 1)
+            except InferenceServerException as exc:
+                assert "released after being idle" in str(exc)
+                return
+        pytest.fail("sequence 3001 never timed out")
 
 
 def test_decoupled_repeat_over_model_stream_infer(server: ServerProcess) -> None:
@@ -104,13 +104,13 @@ def test_decoupled_repeat_over_sse(server: ServerProcess) -> None:
     assert [(e["index"], e["y"], e["id"]) for e in events] == [(i, [30, 40], "s") for i in range(3)]
     assert all(e["model_name"] == "repeat" for e in events)
     # plain infer on a decoupled graph is refused with Triton's UNSUPPORTED error
-    client = httpclient.InferenceServerClient(server.http_url)
-    x = httpclient.InferInput("x", [1], "INT32")
-    x.set_data_from_numpy(np.array([1], np.int32))
-    n = httpclient.InferInput("n", [1], "INT32")
-    n.set_data_from_numpy(np.array([1], np.int32))
-    with pytest.raises(InferenceServerException, match="decoupled"):
-        client.infer("repeat", [x, n])
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        x = httpclient.InferInput("x", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        n = httpclient.InferInput("n", [1], "INT32")
+        n.set_data_from_numpy(np.array([1], np.int32))
+        with pytest.raises(InferenceServerException, match="decoupled"):
+            client.infer("repeat", [x, n])
 
 
 def test_generate_single_response(server: ServerProcess) -> None:
@@ -132,14 +132,14 @@ def cached(client: httpclient.InferenceServerClient, values: list[float]) -> int
 
 
 def test_cache_hits_skip_execution(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
-    first = cached(client, [1.0, 2.0])
-    assert cached(client, [1.0, 2.0]) == first  # a hit: the model did not run
-    assert cached(client, [1.0, 3.0]) == first + 1  # a miss runs it
-    assert cached(client, [1.0, 2.0]) == first
-    stats = client.get_inference_statistics("cached_counter")["model_stats"][0]
-    assert stats["inference_stats"]["cache_hit"]["count"] >= 2
-    assert stats["execution_count"] == first + 1
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        first = cached(client, [1.0, 2.0])
+        assert cached(client, [1.0, 2.0]) == first  # a hit: the model did not run
+        assert cached(client, [1.0, 3.0]) == first + 1  # a miss runs it
+        assert cached(client, [1.0, 2.0]) == first
+        stats = client.get_inference_statistics("cached_counter")["model_stats"][0]
+        assert stats["inference_stats"]["cache_hit"]["count"] >= 2
+        assert stats["execution_count"] == first + 1
 
 
 def test_cache_respects_its_size_bound(server_factory: Any) -> None:
@@ -147,14 +147,14 @@ def test_cache_respects_its_size_bound(server_factory: Any) -> None:
     proc = server_factory.start(
         "--cache-size=2600", repositories=(_only(TEST_MODELS, "cached_counter"),), graphs=(), listeners="http"
     )
-    client = httpclient.InferenceServerClient(proc.http_url)
-    a, b, c = ([float(k)] * 256 for k in (1, 2, 3))
-    assert cached(client, a) == 1
-    assert cached(client, b) == 2
-    assert cached(client, a) == 1  # hit
-    assert cached(client, c) == 3  # evicts b, the least recently used
-    assert cached(client, a) == 1  # still cached
-    assert cached(client, b) == 4  # was evicted: runs again
+    with httpclient.InferenceServerClient(proc.http_url) as client:
+        a, b, c = ([float(k)] * 256 for k in (1, 2, 3))
+        assert cached(client, a) == 1
+        assert cached(client, b) == 2
+        assert cached(client, a) == 1  # hit
+        assert cached(client, c) == 3  # evicts b, the least recently used
+        assert cached(client, a) == 1  # still cached
+        assert cached(client, b) == 4  # was evicted: runs again
 
 
 _repos: dict[str, Path] = {}
