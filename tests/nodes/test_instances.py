@@ -71,6 +71,32 @@ def test_a_slow_reprobe_keeps_the_node_on_its_thread() -> None:
     assert not policy.inline()
 
 
+def test_slow_reprobes_back_off_and_a_cheap_one_resets_them() -> None:
+    policy = InlinePolicy(threshold_ns=100_000, probe=1, reprobe_every=2, reprobe_most=8)
+    policy.observe(3_000_000)
+
+    def gaps(n: int) -> list[int]:
+        found, since = [], 0
+        while len(found) < n:
+            since += 1
+            if policy.inline():
+                found.append(since)
+                since = 0
+                policy.observe_inline(2_000_000)  # still slow on the loop
+            else:
+                policy.observe(3_000_000)
+        return found
+
+    assert gaps(5) == [2, 4, 8, 8, 8]  # doubled after each slow re-probe, up to reprobe_most
+    while not policy.inline():
+        policy.observe(3_000_000)
+    policy.observe_inline(50_000)  # cheap: inline from now on
+    assert all(policy.inline() for _ in range(10))
+    policy.observe(3_000_000)
+    policy.observe(3_000_000)  # slow again on its thread
+    assert gaps(2) == [2, 4]  # the interval started over
+
+
 def test_nodes_slower_than_the_reprobe_bound_never_run_inline() -> None:
     policy = InlinePolicy(threshold_ns=100_000, probe=1, reprobe_every=2, reprobe_below_ns=10_000_000)
     policy.observe(50_000_000)
