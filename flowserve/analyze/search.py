@@ -114,7 +114,7 @@ class Search:
     measure: Measure
     budget: Budget
     trials: list[Trial] = field(default_factory=list)
-    seen: set[Candidate] = field(default_factory=set)
+    seen: set[tuple[object, ...]] = field(default_factory=set)  # the layouts measured (Space.layout)
     log: Callable[[str], None] = lambda _: None
 
     def affordable(self) -> bool:
@@ -124,8 +124,12 @@ class Search:
         spent = self.budget.seconds - left
         return left > 0 and (not self.trials or left >= 0.5 * spent / len(self.trials))
 
+    def tried(self, candidate: Candidate) -> bool:
+        """Whether ``candidate``, or one the server runs the same way, was measured."""
+        return self.space.layout(candidate) in self.seen
+
     def run(self, candidate: Candidate, why: str) -> Trial:
-        self.seen.add(candidate)
+        self.seen.add(self.space.layout(candidate))
         trial = Trial(len(self.trials), candidate, [], why)
         try:
             trial.points = self.measure(candidate)
@@ -182,7 +186,7 @@ def guided(
     while search.affordable():
         improved = False
         for move in search.moves(best):
-            if move.candidate in search.seen:
+            if search.tried(move.candidate):
                 continue
             if not search.affordable():
                 break
@@ -209,7 +213,7 @@ def brute(
     for candidate in grid(space, start):
         if not search.affordable():
             break
-        if candidate not in search.seen:
+        if not search.tried(candidate):
             search.run(candidate, candidate.describe(start))
     return search.trials
 

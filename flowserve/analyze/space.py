@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from flowserve.repository.placement import share_counts
+
 DELAYS_US = (0, 200, 1000)  # the queue delays tried, in order
 FIRST_BATCH = 8  # the max batch size batching is turned on with
 
@@ -62,6 +64,7 @@ class NodeSpace:
     kind: str
     batch_limit: int = 0
     max_instances: int = 1
+    shared: bool = False  # its instance count is the server's, split over the workers (a Python model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,18 @@ class Space:
 
     def of(self, name: str) -> NodeSpace:
         return next(n for n in self.nodes if n.name == name)
+
+    def layout(self, candidate: Candidate) -> tuple[object, ...]:
+        """What the server runs for ``candidate``: the same for two candidates that differ only
+        in how many instances of a shared node there are when each worker loads one either way
+        (``count: 1`` and ``count: 2`` of a Python model under ``--workers 2``), so the search
+        measures one of them."""
+        shared = {n.name for n in self.nodes if n.shared}
+        nodes = []
+        for name, config in candidate.nodes:
+            count = share_counts(config.instances, candidate.workers) if name in shared else config.instances
+            nodes.append((name, count, dataclasses.replace(config, instances=0)))  # the rest as it is
+        return (candidate.workers, tuple(nodes))
 
 
 @dataclass(frozen=True, slots=True)

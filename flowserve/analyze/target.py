@@ -264,7 +264,11 @@ def model_start(config: dict[str, Any]) -> NodeConfig:
 
 def _model_space(name: str, config: dict[str, Any], max_instances: int) -> NodeSpace:
     limit = int(config.get("max_batch_size") or 0)
-    return NodeSpace(name, "model", limit, max(max_instances, _count(config)))
+    first = (config.get("instance_group") or [{}])[0]
+    # the workers share a Python model's KIND_CPU instances (repository/placement.py), and the
+    # override gives the model one group of the first group's kind
+    shared = config.get("backend") == "python" and first.get("kind", "KIND_CPU") == "KIND_CPU"
+    return NodeSpace(name, "model", limit, max(max_instances, _count(config)), shared)
 
 
 def space_of(

@@ -68,6 +68,11 @@ def owner_of(name: str, workers: int) -> int:
     return zlib.crc32(name.encode()) % max(workers, 1)
 
 
+def share_counts(count: int, workers: int) -> tuple[int, ...]:
+    """How many of a group's ``count`` instances each of ``workers`` loads (:func:`share`)."""
+    return tuple(max((w + 1) * count // workers - w * count // workers, 1) for w in range(workers))
+
+
 def share(group: InstanceSpec, worker: int, workers: int) -> InstanceSpec:
     """Worker ``worker``'s share of a group's instances: a contiguous run of its ``count``,
     at least one (with fewer instances than workers, neighbours load the same one)."""
@@ -111,4 +116,4 @@ class Placement:
         return replace(model, instances=groups)
 
 
-__all__ = ["PIN_PARAMETER", "Placement", "owner_of", "pin_reason", "share", "shared"]
+__all__ = ["PIN_PARAMETER", "Placement", "owner_of", "pin_reason", "share", "share_counts", "shared"]

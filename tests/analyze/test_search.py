@@ -118,6 +118,28 @@ def test_brute_measures_the_grid() -> None:
     assert best is not None and best.candidate.node("slow").max_batch_size > 0
 
 
+def test_candidates_the_server_runs_alike_are_measured_once() -> None:
+    # a Python model's count is the server's: under --workers 2, count 1 and count 2 both load
+    # one instance per worker, while 3 loads one and two
+    space = Space((NodeSpace("model", "model", 0, 4, shared=True),), max_workers=2)
+    one, two, three = (Candidate(2, (("model", NodeConfig(n)),)) for n in (1, 2, 3))
+    assert space.layout(one) == space.layout(two) != space.layout(three)
+    assert space.layout(Candidate(1, one.nodes)) != space.layout(Candidate(1, two.nodes))
+    unshared = Space((NodeSpace("model", "model", 0, 4),), max_workers=2)
+    assert unshared.layout(one) != unshared.layout(two)
+    measured: list[Candidate] = []
+
+    def measure(candidate: Candidate) -> list[Point]:
+        measured.append(candidate)
+        return []
+
+    trials = brute(one, space, Goal(20.0), measure, Budget(1e9, FakeClock()))
+    # the grid: counts 1 and 2 under 1 and 2 workers; count 2 under 2 workers is count 1's layout
+    assert (
+        [t.candidate for t in trials] == measured == [one, Candidate(1, one.nodes), Candidate(1, two.nodes)]
+    )
+
+
 def test_moves_follow_the_statistics() -> None:
     batching = SHIPPED.with_node("slow", NodeConfig(max_batch_size=8))
     full = [m.why for m in node_moves(batching, SPACE.of("slow"), fill=1.0, waits=True)]

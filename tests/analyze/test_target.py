@@ -99,6 +99,10 @@ def test_a_model_candidate_is_a_config_override(tmp_path: Path) -> None:
     }  # fmt: skip
     space, shipped = space_of(target, {}, 4, 1)
     assert shipped == Candidate(1, (("simple", NodeConfig()),)) and space.nodes[0].batch_limit == 8
+    assert space.nodes[0].shared  # a Python model's KIND_CPU instances: split over the workers
+    target.config["instance_group"] = [{"kind": "KIND_GPU", "count": 1}]
+    assert not space_of(target, {}, 4, 1)[0].nodes[0].shared
+    target.config["instance_group"] = [{"kind": "KIND_CPU", "count": 1}]
     config = model_config(target, shipped.with_node("simple", NodeConfig(2, 4, (4,), 100)))
     assert config["instance_group"] == [{"kind": "KIND_CPU", "count": 2}] and config["max_batch_size"] == 4
     assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "100", "preferred_batch_size": [4]}
