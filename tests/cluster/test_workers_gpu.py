@@ -4,6 +4,7 @@ connections, no request forwarded; the statistics count every request once."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         torch.nn.Flatten(),
         torch.nn.Linear(16, 1000),
     ).eval()
-    torch.jit.trace(net, torch.zeros(1, 3, 224, 224)).save(str(repo / "gpu_net" / "1" / "model.pt"))
+    with warnings.catch_warnings():  # torch.jit is deprecated (a DeprecationWarning since 2.11)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        torch.jit.trace(net, torch.zeros(1, 3, 224, 224)).save(str(repo / "gpu_net" / "1" / "model.pt"))
     server = start_server("--workers", "2", repositories=(repo,), graphs=(), timeout=300.0)
     try:
         yield server

@@ -15,7 +15,9 @@ CUDA shared memory (:func:`open_ipc_region`, :func:`ipc_handle`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +30,8 @@ from flowserve.core.device import Device, DeviceTensor, StreamOps, produced, reg
 from flowserve.nodes.backends._support import Parameters, has_gpu
 from flowserve.nodes.backends.staging import DEFAULT_LIMIT, LIMIT_PARAMETER, Staging
 from flowserve.spec.schema import ModelSpec
+
+log = logging.getLogger("flowserve")
 
 
 class TorchCudaOps:
@@ -325,6 +329,10 @@ def declare_ipc(cudart: Any) -> Any:
     if set_device is not None:
         set_device.argtypes = [ctypes.c_int]
         set_device.restype = ctypes.c_int
+    last_error = getattr(cudart, "cudaGetLastError", None)  # cudaError_t cudaGetLastError(void)
+    if last_error is not None:
+        last_error.argtypes = []
+        last_error.restype = ctypes.c_int
     return cudart
 
 
@@ -336,6 +344,18 @@ def cuda_error(cudart: Any, status: int) -> str:
         text = None
     name = text.decode(errors="replace") if isinstance(text, bytes) else ""
     return f"cudaError {status}: {name}" if name else f"cudaError {status}"
+
+
+def cuda_failure(cudart: Any, call: str, status: int) -> RuntimeError:
+    """The error of a failed runtime call, after clearing it as this thread's last error: the
+    runtime keeps it there, and torch (the same libcudart) checks ``cudaGetLastError`` after
+    each kernel it launches, so a client's bad handle would fail the next inference on this
+    thread as "invalid argument"."""
+    last_error = getattr(cudart, "cudaGetLastError", None)
+    if last_error is not None:
+        with contextlib.suppress(Exception):
+            last_error()
+    return RuntimeError(f"{call} failed ({cuda_error(cudart, status)})")
 
 
 class IpcRegion:
@@ -360,41 +380,49 @@ class IpcRegion:
             set_device = getattr(self._cudart, "cudaSetDevice", None)
             status = set_device(device_id) if set_device is not None else 0
             if status != 0:
-                raise RuntimeError(f"cudaSetDevice({device_id}) failed ({cuda_error(self._cudart, status)})")
+                raise cuda_failure(self._cudart, f"cudaSetDevice({device_id})", status)
             pointer = ctypes.c_void_p()
             handle = _ipc_handle_type().from_buffer_copy(raw_handle)
             # cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned flags):
             # flag 1 is cudaIpcMemLazyEnablePeerAccess
             status = self._cudart.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, 1)
             if status != 0:
-                raise RuntimeError(f"cudaIpcOpenMemHandle failed ({cuda_error(self._cudart, status)})")
+                raise cuda_failure(self._cudart, "cudaIpcOpenMemHandle", status)
         self.pointer = int(pointer.value or 0)
 
-    def _view(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
-        """A torch tensor over ``[offset, offset + byte_size)`` of the region (no copy)."""
+    def _bytes(self, offset: int, byte_size: int) -> Any:
+        """A torch uint8 tensor over ``[offset, offset + byte_size)`` of the region (no copy)."""
         if not self.pointer:
             raise RuntimeError("the CUDA shared memory region is closed")
         if offset < 0 or offset + byte_size > self.byte_size:
             raise ValueError(
                 f"offset {offset} + byte size {byte_size} exceeds the region's {self.byte_size} bytes"
             )
+        return _CudaView(self.pointer + offset, byte_size, self.device_id).as_torch(self._torch)
+
+    def _view(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+        """A torch tensor of ``dtype`` over ``[offset, offset + byte_size)`` of the region: a
+        view, or a copy of the bytes where the offset leaves the elements misaligned (a kernel
+        reading a misaligned element faults, and that fault ends the process's CUDA context)."""
         torch = self._torch
-        raw = _CudaView(self.pointer + offset, byte_size, self.device_id).as_torch(torch)
+        raw = self._bytes(offset, byte_size)
+        if (self.pointer + offset) % np.dtype(dtype).itemsize:
+            raw = raw.clone()  # the caching allocator's blocks are aligned
         return raw.view(torch_dtype(torch, np.dtype(dtype))).reshape(shape)
 
     def tensor(
         self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]
     ) -> DeviceTensor:
-        """An input in the region as a DeviceTensor on its GPU (a view; no stream or event: the
-        client finished writing it before it sent the request, as Triton assumes)."""
+        """An input in the region as a DeviceTensor on its GPU (a view, or a copy where the
+        offset misaligns the elements; no stream or event: the client finished writing it
+        before it sent the request, as Triton assumes)."""
         view = self._view(offset, byte_size, dtype, shape)
         where = Device("cuda", self.device_id)
         return DeviceTensor(view, np.dtype(dtype), shape, where, ops=cuda_ops(), to_numpy=cuda_to_numpy)
 
     def read(self, offset: int, byte_size: int) -> bytes:
         """A host copy of ``[offset, offset + byte_size)`` (BYTES inputs)."""
-        view = self._view(offset, byte_size, np.dtype(np.uint8), (byte_size,))
-        return bytes(view.cpu().numpy().tobytes())
+        return bytes(self._bytes(offset, byte_size).cpu().numpy().tobytes())
 
     def write(self, offset: int, value: np.ndarray | DeviceTensor) -> None:
         """An output copied into the region: device to device on a stream of this region's
@@ -403,8 +431,7 @@ class IpcRegion:
         torch = self._torch
         ops = cuda_ops()
         if isinstance(value, DeviceTensor) and not value.device.is_cpu and ops is not None:
-            nbytes = value.nbytes
-            target = self._view(offset, nbytes, value.dtype, value.shape)
+            target = self._bytes(offset, value.nbytes)  # bytes: any offset, aligned or not
             where = Device("cuda", self.device_id)
             stream = ops.current(where)
             # from another GPU torch copies on that GPU's current stream: it waits for the producer
@@ -412,7 +439,7 @@ class IpcRegion:
             with torch.cuda.device(value.device.index):  # torch's __dlpack__ wants its own device current
                 source = torch_tensor(taken, torch)
             with torch.cuda.device(self.device_id), torch.cuda.stream(stream):
-                target.copy_(source.reshape(target.shape), non_blocking=True)
+                target.copy_(source.contiguous().reshape(-1).view(torch.uint8), non_blocking=True)
             ops.synchronize(ops.record(stream))
             return
         if isinstance(value, DeviceTensor):
@@ -422,15 +449,17 @@ class IpcRegion:
         host = np.ascontiguousarray(array)
         if not host.flags.writeable:  # torch.from_numpy warns on a read-only array
             host = host.copy()
-        target = self._view(offset, int(host.nbytes), np.dtype(np.uint8), (int(host.nbytes),))
+        target = self._bytes(offset, int(host.nbytes))
         target.copy_(torch.from_numpy(host.reshape(-1).view(np.uint8)))  # synchronous host -> device
 
     def close(self) -> None:
         if self.pointer:
             import ctypes
 
-            self._cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(self.pointer))
+            status = self._cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(self.pointer))
             self.pointer = 0
+            if status != 0:
+                log.warning("%s", cuda_failure(self._cudart, "cudaIpcCloseMemHandle", status))
 
 
 class _CudaView:
@@ -522,6 +551,7 @@ __all__ = [
     "TorchCopier",
     "TorchCudaOps",
     "cuda_error",
+    "cuda_failure",
     "cuda_ops",
     "cuda_tensor",
     "cuda_to_numpy",

@@ -104,6 +104,10 @@ def test_a_handle_opens_on_its_device_and_a_failure_says_why(monkeypatch: pytest
             calls.append(("close", pointer.value))
             return 0
 
+        def cudaGetLastError(self) -> int:  # noqa: N802 (CUDA's name)
+            calls.append(("last error",))
+            return self.status
+
     runtime = Runtime()
     monkeypatch.setattr(cuda, "_cudart", lambda: runtime)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -117,6 +121,8 @@ def test_a_handle_opens_on_its_device_and_a_failure_says_why(monkeypatch: pytest
         RuntimeError, match=r"cudaIpcOpenMemHandle failed \(cudaError 201: invalid device context\)"
     ):
         cuda.IpcRegion(handle, 1, 4096)
+    # the failure is cleared as the thread's last error, which torch reads after its next kernel
+    assert calls[-1] == ("last error",) and ("last error",) not in calls[:-1]
 
 
 def test_torch_2_13s_version_3_handle_is_unwrapped() -> None:
@@ -171,6 +177,24 @@ def test_a_region_is_viewed_as_bytes_then_as_torchs_dtype(host_views: list[dict[
     assert tensor.value.float().flatten().tolist() == values.astype(np.float32).tolist()
     ints = region._view(0, 16, np.dtype(np.int32), (4,))
     assert ints.dtype == torch.int32 and ints.data_ptr() == buffer.ctypes.data
+
+
+def test_a_misaligned_input_is_copied_and_an_output_is_written_as_bytes(
+    host_views: list[dict[str, Any]],
+) -> None:
+    values = np.array([1.5, -2.0, 3.25], np.float32)
+    buffer = np.zeros(64, np.uint8)
+    buffer[5:17] = values.view(np.uint8)  # offset 5: no float32 starts on a multiple of 4
+    region = _HostRegion(buffer)
+    copied = region._view(5, 12, np.dtype(np.float32), (3,))
+    assert copied.tolist() == values.tolist() and copied.data_ptr() % 4 == 0
+    assert copied.data_ptr() != buffer.ctypes.data + 5  # its own memory, not the region's
+    assert (
+        region._view(8, 12, np.dtype(np.float32), (3,)).data_ptr() == buffer.ctypes.data + 8
+    )  # aligned: a view
+    region.write(33, np.array([7.0, 8.0], np.float32))
+    assert buffer[33:41].view(np.float32).tolist() == [7.0, 8.0]
+    assert region.read(33, 8) == np.array([7.0, 8.0], np.float32).tobytes()
 
 
 # ----------------------------------------------------------------------------- copies between GPUs
