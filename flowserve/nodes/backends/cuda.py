@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,25 @@ def cuda_failure(cudart: Any, call: str, status: int) -> RuntimeError:
     return RuntimeError(f"{call} failed ({cuda_error(cudart, status)})")
 
 
+class _Opened:
+    """Stands for a region's open mapping: when the last reference goes, a finalizer closes it
+    (``cudaIpcCloseMemHandle``). The region holds one until it is closed, and every torch tensor
+    over the region holds one through its :class:`_CudaView` (torch keeps the object whose
+    ``__cuda_array_interface__`` it views until that memory is freed), so a region unregistered
+    while a request still reads it is unmapped after that request, not under it (an access to
+    unmapped device memory is a fault that ends the process's CUDA context)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _close_mapping(cudart: Any, pointer: int) -> None:
+    import ctypes
+
+    status = cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(pointer))
+    if status != 0:
+        log.warning("%s", cuda_failure(cudart, "cudaIpcCloseMemHandle", status))
+
+
 class IpcRegion:
     """Device memory another process exported with ``cudaIpcGetMemHandle``, opened here with
     ``cudaIpcOpenMemHandle`` (through the CUDA runtime, ``cudart``), as a flat byte buffer a
@@ -389,6 +409,9 @@ class IpcRegion:
             if status != 0:
                 raise cuda_failure(self._cudart, "cudaIpcOpenMemHandle", status)
         self.pointer = int(pointer.value or 0)
+        self._keeper: _Opened | None = _Opened()
+        finalizer = weakref.finalize(self._keeper, _close_mapping, self._cudart, self.pointer)
+        finalizer.atexit = False  # the process's end unmaps it
 
     def _bytes(self, offset: int, byte_size: int) -> Any:
         """A torch uint8 tensor over ``[offset, offset + byte_size)`` of the region (no copy)."""
@@ -398,7 +421,7 @@ class IpcRegion:
             raise ValueError(
                 f"offset {offset} + byte size {byte_size} exceeds the region's {self.byte_size} bytes"
             )
-        return _CudaView(self.pointer + offset, byte_size, self.device_id).as_torch(self._torch)
+        return _CudaView(self.pointer + offset, byte_size, self.device_id, self._keeper).as_torch(self._torch)
 
     def _view(self, offset: int, byte_size: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
         """A torch tensor of ``dtype`` over ``[offset, offset + byte_size)`` of the region: a
@@ -453,13 +476,9 @@ class IpcRegion:
         target.copy_(torch.from_numpy(host.reshape(-1).view(np.uint8)))  # synchronous host -> device
 
     def close(self) -> None:
-        if self.pointer:
-            import ctypes
-
-            status = self._cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(self.pointer))
-            self.pointer = 0
-            if status != 0:
-                log.warning("%s", cuda_failure(self._cudart, "cudaIpcCloseMemHandle", status))
+        """No new views; the mapping closes now, or after the last tensor over it is freed."""
+        self.pointer = 0
+        self._keeper = None
 
 
 class _CudaView:
@@ -467,7 +486,8 @@ class _CudaView:
     as bytes: torch parses ``typestr`` with numpy, which has no bfloat16 (``ml_dtypes``' is
     ``<V2``, a void type torch refuses), so the caller views the bytes as its dtype in torch."""
 
-    def __init__(self, pointer: int, byte_size: int, device: int) -> None:
+    def __init__(self, pointer: int, byte_size: int, device: int, keeper: _Opened | None = None) -> None:
+        self.keeper = keeper  # the mapping stays open while torch holds this view
         self.__cuda_array_interface__ = {
             "shape": (byte_size,),
             "typestr": "|u1",

@@ -125,6 +125,41 @@ def test_a_handle_opens_on_its_device_and_a_failure_says_why(monkeypatch: pytest
     assert calls[-1] == ("last error",) and ("last error",) not in calls[:-1]
 
 
+def test_a_region_closed_while_a_tensor_views_it_is_unmapped_after_that_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    closed: list[int] = []
+
+    class Runtime:
+        def cudaSetDevice(self, device: int) -> int:  # noqa: N802 (CUDA's name)
+            return 0
+
+        def cudaIpcOpenMemHandle(self, pointer: Any, handle: Any, flags: int) -> int:  # noqa: N802 (CUDA's name)
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_void_p))[0] = 0x7000
+            return 0
+
+        def cudaIpcCloseMemHandle(self, pointer: Any) -> int:  # noqa: N802 (CUDA's name)
+            closed.append(pointer.value)
+            return 0
+
+    monkeypatch.setattr(cuda, "_cudart", lambda: Runtime())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    # torch holds the object whose __cuda_array_interface__ it views until the memory is freed
+    monkeypatch.setattr(cuda._CudaView, "as_torch", lambda view, _torch: SimpleNamespace(held=view))
+    region = cuda.IpcRegion(bytes(64), 0, 4096)
+    tensor = region._bytes(16, 64)  # an input still on its way through a graph
+    region.close()  # unregistered meanwhile
+    assert closed == [] and region.pointer == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        region._bytes(0, 8)
+    del tensor
+    assert closed == [0x7000]
+    idle = cuda.IpcRegion(bytes(64), 0, 4096)
+    idle.close()
+    assert closed == [0x7000, 0x7000]  # nothing viewed it: unmapped at once
+
+
 def test_torch_2_13s_version_3_handle_is_unwrapped() -> None:
     handle = bytes(range(64))
     assert cuda.raw_ipc_handle(b"\x03c" + handle) == handle
@@ -145,6 +180,7 @@ class _HostRegion(cuda.IpcRegion):
         self.byte_size = int(buffer.nbytes)
         self.device_id = 0
         self._torch = torch
+        self._keeper = None
 
 
 @pytest.fixture
