@@ -110,7 +110,9 @@ def providers_for(ort: Any, model: Any, place: Placement, stream: int = 0) -> li
         return cpu
     chosen: list[Any] = []
     if "TensorrtExecutionProvider" in available and _wants_tensorrt(model):
-        chosen.append(("TensorrtExecutionProvider", {"device_id": place.device}))
+        # on the instance's stream too: runs do not synchronize the providers, so nodes the
+        # TensorRT provider takes must be ordered with the outputs read on that stream
+        chosen.append(("TensorrtExecutionProvider", cuda_options(place.device, stream)))
     chosen.append(("CUDAExecutionProvider", cuda_options(place.device, stream)))
     return chosen + cpu
 
@@ -215,6 +217,15 @@ class OnnxRuntimeBackend(BackendNode):
 
         ops = cuda_ops()
         if ops is None:
+            return None, None
+        ort = self._ort()
+        if not (hasattr(ort.OrtValue, "from_dlpack") and hasattr(ort.OrtValue, "__dlpack__")):
+            log.warning(
+                "model '%s': onnxruntime %s has no OrtValue.from_dlpack (1.26 and later do): its GPU "
+                "instances copy inputs and outputs through host memory",
+                self.model.name,
+                getattr(ort, "__version__", "?"),
+            )
             return None, None
         return ops, ops.stream(Device("cuda", place.device))
 

@@ -237,6 +237,61 @@ def test_providers_for_cpu_never_asks_for_cuda() -> None:
             providers_for(ort, Model(), Placement("GPU", 0, required=True))
 
 
+def test_both_gpu_providers_run_on_the_instances_stream() -> None:
+    from types import SimpleNamespace
+
+    from flowserve.nodes.backends._support import Placement
+    from flowserve.nodes.backends.onnxruntime import providers_for
+    from flowserve.spec.triton import parse_config_text
+
+    config = parse_config_text(
+        'name: "m" optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }'
+    )
+    gpu_ort = SimpleNamespace(
+        get_available_providers=lambda: [
+            "TensorrtExecutionProvider",
+            "CUDAExecutionProvider",
+            "CPUExecutionProvider",
+        ]
+    )
+    on_stream = {"device_id": 1, "has_user_compute_stream": "1", "user_compute_stream": "4096"}
+    assert providers_for(gpu_ort, SimpleNamespace(name="m", config=config), Placement("GPU", 1), 4096) == [
+        ("TensorrtExecutionProvider", on_stream),
+        ("CUDAExecutionProvider", on_stream),
+        "CPUExecutionProvider",
+    ]
+
+
+def test_an_onnxruntime_without_dlpack_copies_through_the_host(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU instance binds device tensors through OrtValue.from_dlpack (onnxruntime 1.26+); an
+    older onnxruntime-gpu gets no stream of its own, so its outputs are copied back as before."""
+    from types import SimpleNamespace
+
+    from flowserve.nodes.backends import cuda
+    from flowserve.nodes.backends._support import Placement
+    from flowserve.nodes.backends.onnxruntime import OnnxRuntimeBackend
+
+    ops = SimpleNamespace(stream=lambda device: ("stream", device.index))
+    monkeypatch.setattr(cuda, "cuda_ops", lambda: ops)
+
+    class Old:  # an OrtValue of onnxruntime 1.25
+        pass
+
+    class New(Old):
+        def from_dlpack(self) -> None: ...
+
+        def __dlpack__(self) -> None: ...
+
+    for value, expected in ((Old, (None, None)), (New, (ops, ("stream", 1)))):
+        node = SimpleNamespace(
+            model=SimpleNamespace(name="m"), _ort=lambda v=value: SimpleNamespace(OrtValue=v)
+        )
+        assert OnnxRuntimeBackend._stream(node, Placement("GPU", 1)) == expected  # type: ignore[arg-type]
+    assert "model 'm': onnxruntime ? has no OrtValue.from_dlpack" in caplog.text
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not has_gpu() or "CUDAExecutionProvider" not in ort.get_available_providers(),
