@@ -193,9 +193,10 @@ def transport_args(transport: str, size: int) -> list[str]:
 
 
 def serve_and_measure(
-    args: argparse.Namespace, binary: Path, repository: Path, workers: int
-) -> list[dict[str, Any]]:
-    records = []
+    args: argparse.Namespace, binary: Path, repository: Path, workers: int, records: list[dict[str, Any]]
+) -> None:
+    """Serve with ``workers`` and measure every transport, appending each run's record to
+    ``records`` as it ends (so a run stopped part way keeps what it measured)."""
     settings = Settings(window_ms=args.window_ms, stability=50, max_trials=4, timeout_s=600.0)
     with ServerGroup(WORK / "logs") as group:
         http, grpc = free_port(), free_port()
@@ -211,14 +212,13 @@ def serve_and_measure(
             )  # fmt: skip
             batches = formed(before, batch_counts(server))
             rate = result["infer_per_s"]
-            record = {"workers": workers, "transport": transport, "images_per_s": round(rate, 1),
-                      "batches": batches, **result}  # fmt: skip
+            record = {"repeat": args.repeat, "workers": workers, "transport": transport,
+                      "images_per_s": round(rate, 1), "batches": batches, **result}  # fmt: skip
             records.append(record)
             print(
                 f"  workers {workers} {transport:<8} {rate:9.1f} images/s  mean batch {batches['mean_rows']}",
                 flush=True,
             )
-    return records
 
 
 def ceiling_with(
@@ -321,16 +321,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = f"ceiling (raw torch, batch {BATCH}{copies}), images/s each way measured"
     print(f"  {first}: {measured[0]}", flush=True)
     records: list[dict[str, Any]] = []
+    stopped = ""  # why the runs ended early (a time limit's SIGTERM): what was measured is kept
     with sigterm_as_interrupt():
-        for repeat in range(args.repeats):
-            for workers in args.workers:
-                served = serve_and_measure(args, binary, repository, workers)
-                records += [{"repeat": repeat, **record} for record in served]
-            measured.append(ceilings(repository, args.size, args.seconds, gpu))
-            print(f"  ceiling again, after the served runs: {measured[-1]}", flush=True)
+        try:
+            for repeat in range(args.repeats):
+                args.repeat = repeat
+                for workers in args.workers:
+                    serve_and_measure(args, binary, repository, workers, records)
+                measured.append(ceilings(repository, args.size, args.seconds, gpu))
+                print(f"  ceiling again, after the served runs: {measured[-1]}", flush=True)
+        except KeyboardInterrupt as stop:
+            stopped = f"stopped early ({stop}); {len(records)} served runs measured"
+            print(f"  {stopped}", flush=True)
     raw = max(value for each in measured for value in each.values())
     for record in records:
-        near = max(*measured[record["repeat"]].values(), *measured[record["repeat"] + 1].values())
+        around = measured[record["repeat"] : record["repeat"] + 2]  # the last may be missing
+        near = max(value for each in around for value in each.values())
         record["ceiling_images_per_s"] = near
         record["of_ceiling"] = round(record["images_per_s"] / near, 3)
         run = f"workers {record['workers']} {record['transport']:<8}"
@@ -353,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ceilings_before_after=measured,
         summary=summary,
         runs=records,
+        **({"stopped": stopped} if stopped else {}),
     )
-    return 0
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":

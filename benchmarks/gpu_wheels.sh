@@ -3,7 +3,7 @@
 # torch, numpy, grpcio, protobuf, networkx, pyyaml, prometheus-client, ml-dtypes, uvloop and
 # pytest, but not these; google-re2 too: flowserve/dataplane/headers.py imports re2, so no server
 # starts without it), for CPython 3.12 on manylinux x86_64, into .whl/ (ignored by git).
-# benchmarks/gpu_check.sh installs them from there. About 6 MB. Run here, where pip reaches PyPI.
+# benchmarks/gpu_check.sh installs them from there. About 20 MB. Run here, where pip reaches PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -13,8 +13,25 @@ platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
 done
-for package in hpack tritonclient uvicorn httptools h11 click pytest-asyncio python-rapidjson \
-  geventhttpclient gevent zope.event zope.interface greenlet brotli \
+# tritonclient, grpcio and protobuf at the versions this checkout's environment runs (the tests'
+# own): tritonclient's generated stubs refuse an older grpcio or protobuf than they were made
+# with, and the image's may be older. cuda-bindings (CUDA 12, any recent driver) is what
+# tritonclient's cuda_shared_memory imports: without it the CUDA shm tests skip.
+ENV_PY=python3
+[ -x .venv/bin/python ] && ENV_PY=.venv/bin/python
+pinned=$("$ENV_PY" - tritonclient grpcio protobuf <<'PY'
+import importlib.metadata as metadata
+import sys
+
+for name in sys.argv[1:]:
+    try:
+        print(f"{name}=={metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        print(name)
+PY
+)
+for package in hpack $pinned "cuda-bindings>=12.9,<13" cuda-pathfinder uvicorn httptools h11 click \
+  pytest-asyncio python-rapidjson geventhttpclient gevent zope.event zope.interface greenlet brotli \
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-http \
   opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos google-re2; do
