@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 import sys
 import time
@@ -50,7 +49,8 @@ def _load_libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the process's own symbols, libc's among them (find_library would run ldconfig at import)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.timerfd_settime.argtypes = (
             ctypes.c_int,
