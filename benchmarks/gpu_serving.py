@@ -27,10 +27,11 @@ every core; 0.71x / 0.77x of the ceiling of then against 0.56x / 0.65x, alternat
 
 Goals (issue 28), on a 16-core GPU machine: system shm >= 0.5x the ceiling, HTTP >= 0.35x,
 ``--workers 4`` >= 2x ``--workers 1``; on a 2-core CPU machine, system shm >= 0.7x.
-(On 2 CPU cores: 0.30x at 3x64x64, where a request's handling costs more than its compute,
-and 1.03x at 3x224x224 with ``--size 224``: benchmarks/README.md, "glibc's malloc thresholds".)
+The image is the issue's, 3x224x224, on the CPU too (on 2 CPU cores: 1.03x over system shm;
+``--size 64``, a model 12x lighter whose request handling costs more than its compute, 0.30x:
+benchmarks/README.md, "glibc's malloc thresholds").
 
-    python benchmarks/gpu_serving.py                       # S=224 on a GPU, 64 on the CPU
+    python benchmarks/gpu_serving.py                       # 3x224x224, about 4 min on 2 CPU cores
     python benchmarks/gpu_serving.py --workers 1 4 --transports http shm
     python benchmarks/gpu_serving.py --quick               # one transport, short windows
     python benchmarks/gpu_serving.py --transports shm --workers 1 --repeats 5
@@ -264,7 +265,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size", type=int, default=None, help="image side (224 on a GPU, 64 on a CPU)")
+    parser.add_argument("--size", type=int, default=224, help="image side (the issue's 224)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="default: 1 and min(4, cores)")
     parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=None)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -291,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     gpu = bool(torch.cuda.is_available())
-    args.size = args.size or (224 if gpu else 64)
     if args.intra_op_threads is None:  # on the CPU: two instances of one thread on two cores
         args.intra_op_threads = 0 if gpu else 1
     if args.ceiling_of is not None:
