@@ -431,6 +431,8 @@ class IpcRegion:
         raw = self._bytes(offset, byte_size)
         if (self.pointer + offset) % np.dtype(dtype).itemsize:
             raw = raw.clone()  # the caching allocator's blocks are aligned
+            if raw.is_cuda:  # copied on that device's current stream: done before any other reads it
+                torch.cuda.current_stream(raw.device).synchronize()
         return raw.view(torch_dtype(torch, np.dtype(dtype))).reshape(shape)
 
     def tensor(
