@@ -194,7 +194,12 @@ def transport_args(transport: str, size: int) -> list[str]:
 
 
 def serve_and_measure(
-    args: argparse.Namespace, binary: Path, repository: Path, workers: int, records: list[dict[str, Any]]
+    args: argparse.Namespace,
+    binary: Path,
+    repository: Path,
+    workers: int,
+    repeat: int,
+    records: list[dict[str, Any]],
 ) -> None:
     """Serve with ``workers`` and measure every transport, appending each run's record to
     ``records`` as it ends (so a run stopped part way keeps what it measured)."""
@@ -213,7 +218,7 @@ def serve_and_measure(
             )  # fmt: skip
             batches = formed(before, batch_counts(server))
             rate = result["infer_per_s"]
-            record = {"repeat": args.repeat, "workers": workers, "transport": transport,
+            record = {"repeat": repeat, "workers": workers, "transport": transport,
                       "images_per_s": round(rate, 1), "batches": batches, **result}  # fmt: skip
             records.append(record)
             print(
@@ -325,9 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sigterm_as_interrupt():
         try:
             for repeat in range(args.repeats):
-                args.repeat = repeat
                 for workers in args.workers:
-                    serve_and_measure(args, binary, repository, workers, records)
+                    serve_and_measure(args, binary, repository, workers, repeat, records)
                 measured.append(ceilings(repository, args.size, args.seconds, gpu))
                 print(f"  ceiling again, after the served runs: {measured[-1]}", flush=True)
         except KeyboardInterrupt as stop:

@@ -68,16 +68,22 @@ def owner_of(name: str, workers: int) -> int:
     return zlib.crc32(name.encode()) % max(workers, 1)
 
 
+def _run(count: int, worker: int, workers: int) -> tuple[int, int]:
+    """Worker ``worker``'s run of ``count`` instances: (first index, how many), at least one
+    (with fewer instances than workers, neighbours load the same one)."""
+    start, end = worker * count // workers, (worker + 1) * count // workers
+    return start, max(end - start, 1)
+
+
 def share_counts(count: int, workers: int) -> tuple[int, ...]:
     """How many of a group's ``count`` instances each of ``workers`` loads (:func:`share`)."""
-    return tuple(max((w + 1) * count // workers - w * count // workers, 1) for w in range(workers))
+    return tuple(_run(count, w, workers)[1] for w in range(workers))
 
 
 def share(group: InstanceSpec, worker: int, workers: int) -> InstanceSpec:
-    """Worker ``worker``'s share of a group's instances: a contiguous run of its ``count``,
-    at least one (with fewer instances than workers, neighbours load the same one)."""
-    start, end = worker * group.count // workers, (worker + 1) * group.count // workers
-    return replace(group, count=max(end - start, 1), first=group.first + start)
+    """Worker ``worker``'s share of a group's instances: a contiguous run of its ``count``."""
+    start, size = _run(group.count, worker, workers)
+    return replace(group, count=size, first=group.first + start)
 
 
 def shared(model: ModelSpec) -> bool:
