@@ -6,6 +6,8 @@ tests/reliability/test_h2_fuzz.py."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import socket
 import time
 from collections.abc import Iterable
@@ -15,16 +17,6 @@ import hpack
 import pytest
 
 from flowserve.frontends.grpc import h2
-from flowserve.frontends.grpc.h2 import (
-    calls,
-    compression,
-    connection,
-    frames,
-    headers,
-    limits,
-    sending,
-    server,
-)
 from flowserve.frontends.grpc.h2.connection import Connection
 from flowserve.frontends.grpc.http2 import PREFACE, frame
 
@@ -37,7 +29,10 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
 
 
-H2_MODULES = (calls, compression, connection, frames, headers, limits, sending, server)
+# every module of the transport (a bound moved to a new module is still found)
+H2_MODULES = tuple(
+    importlib.import_module(f"{h2.__name__}.{info.name}") for info in pkgutil.iter_modules(h2.__path__)
+)
 
 
 def set_bound(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:

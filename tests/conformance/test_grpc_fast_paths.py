@@ -1,7 +1,7 @@
 """The native gRPC transport's short cuts, and what they must not change.
 
 - A small unary request whose one message arrives whole in one DATA frame (END_STREAM) is
-  parsed from the frame as it lies in the read and its call started at once (``Connection._data``),
+  parsed from the frame as it lies in the read and its call started at once (``Receiver._data``),
   skipping the stream's buffer; one cut anywhere takes the general path. Same answers either way.
 - A small answer with nothing queued before it and room in the windows leaves as one DATA frame,
   in one write with its HEADERS and trailers (``Sender._send``); otherwise it is queued as before.

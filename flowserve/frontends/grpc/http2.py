@@ -33,7 +33,7 @@ write (``writelines``), never joined.
 
 The common small unary call takes a short cut both ways: a request whose one message arrives
 whole in one DATA frame (END_STREAM) is parsed from the read as it lies and its call started at
-once (``Connection._data``; a frame cut in its payload takes the general path), and an answer
+once (``Receiver._data``; a frame cut in its payload takes the general path), and an answer
 with nothing queued before it and room in the windows leaves as one DATA frame, in one write
 with its HEADERS and trailers (``Sender._send``).
 

@@ -7,6 +7,10 @@ other modules use, and its docstring says what is covered and bounded):
 - ``calls``: ``Method``, a stream's state, markers of messages inflating or parsing in a thread
 - ``compression``: request inflation within bounds, ``ResponseCompression``
 - ``sending``: the send queue, flow control toward the peer, batched writes, the unsent budget
-- ``connection``: the ``asyncio.Protocol``: frames in, data and its flow control, calls, timers
+- ``receiving``: request DATA, the receive windows given back, request messages (large ones into
+  their own buffers), parsed or inflated on the loop or in a thread
+- ``running``: unary and streaming calls run, their deadlines and final status
+- ``connection``: the ``asyncio.Protocol``: reads, frames in, header blocks, control frames,
+  timers, eviction, connection errors, graceful stop
 - ``server``: ``Http2GrpcServer`` (listener, server-wide budgets) and ``service_methods``
 """

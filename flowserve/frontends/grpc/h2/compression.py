@@ -56,7 +56,7 @@ class ResponseCompression:
 def inflate(data: bytes, wbits: int | None, limit: int) -> bytes | None:
     """A compressed message inflated, or None when it inflates past ``limit`` bytes or past
     ``inflate.RATIO`` times its size (inflating stops there: a small bomb cannot take the
-    memory it would expand to); uncounted (the server's path is ``Connection._message``)."""
+    memory it would expand to); uncounted (the server's path is ``Receiver._message``)."""
     if wbits is None:
         return data
     try:
