@@ -35,6 +35,7 @@ from flowserve.analyze.textedit import (
     pb_set,
     yaml_edit,
 )
+from flowserve.repository.placement import shared_group
 from flowserve.spec.graph_yaml import load_graph_file
 from flowserve.spec.repository import graph_files
 from flowserve.spec.schema import GraphSpec, NodeSpec
@@ -265,9 +266,8 @@ def model_start(config: dict[str, Any]) -> NodeConfig:
 def _model_space(name: str, config: dict[str, Any], max_instances: int) -> NodeSpace:
     limit = int(config.get("max_batch_size") or 0)
     first = (config.get("instance_group") or [{}])[0]
-    # the workers share a Python model's KIND_CPU instances (repository/placement.py), and the
-    # override gives the model one group of the first group's kind
-    shared = config.get("backend") == "python" and first.get("kind", "KIND_CPU") == "KIND_CPU"
+    # the override gives the model one group of the first group's kind
+    shared = shared_group(str(config.get("backend", "")), str(first.get("kind", "KIND_CPU")))
     return NodeSpace(name, "model", limit, max(max_instances, _count(config)), shared)
 
 

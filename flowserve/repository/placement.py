@@ -92,6 +92,13 @@ def shared(model: ModelSpec) -> bool:
     return model.graph is None and model.backend == "python"
 
 
+def shared_group(backend: str, kind: str) -> bool:
+    """Whether the workers share an instance group of ``kind`` of a model of ``backend`` (each
+    loads its run of the group's count: :func:`share`); every other group each worker loads
+    whole. The one rule for the server (:meth:`Placement.instances`) and ``flowserve analyze``."""
+    return backend == "python" and kind == "KIND_CPU"
+
+
 @dataclass(frozen=True)
 class Placement:
     """This worker's place among ``workers``, and how it reaches the owners of pinned models."""
@@ -117,9 +124,12 @@ class Placement:
         if self.workers <= 1 or not shared(model) or self.owner(model) is not None:
             return model
         groups = tuple(
-            share(g, self.worker, self.workers) if g.kind == "KIND_CPU" else g for g in model.instances
+            share(g, self.worker, self.workers) if shared_group(model.backend, g.kind) else g
+            for g in model.instances
         )
         return replace(model, instances=groups)
 
 
-__all__ = ["PIN_PARAMETER", "Placement", "owner_of", "pin_reason", "share", "share_counts", "shared"]
+__all__ = [
+    "PIN_PARAMETER", "Placement", "owner_of", "pin_reason", "share", "share_counts", "shared", "shared_group",
+]  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.dataplane.engine import Engine
-from flowserve.repository.placement import PIN_PARAMETER, Placement, pin_reason, share
+from flowserve.repository.placement import PIN_PARAMETER, Placement, pin_reason, share, shared_group
 from flowserve.spec.schema import InstanceSpec, ModelSpec
 
 
@@ -75,6 +75,9 @@ def test_a_python_models_cpu_groups_are_shared_and_everything_else_loaded_whole(
     pinned = _model((cpu,), {PIN_PARAMETER: "true"}, backend="python")
     assert Placement(0, 2, _nowhere).instances(pinned).instances == (cpu,)  # its one worker has all
     assert Placement(0, 1, _nowhere).instances(_model((cpu,), backend="python")).instances == (cpu,)
+    # the same rule as flowserve analyze reads it from a served config (analyze/target.py)
+    assert shared_group("python", "KIND_CPU")
+    assert not shared_group("python", "KIND_GPU") and not shared_group("onnxruntime", "KIND_CPU")
 
 
 async def test_a_worker_initializes_its_share_under_tritons_instance_names(tmp_path: Path) -> None:
