@@ -17,9 +17,15 @@ OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
+  wheels=(.whl/*.whl)
+  # the machine's own cuda-bindings (built for its CUDA) unless it has none (gpu_wheels.sh)
+  if ! "$PY" -c "import cuda.bindings.runtime" 2>/dev/null && compgen -G ".whl/fallback/*.whl" >/dev/null; then
+    echo "== no cuda.bindings on this machine: installing the carried CUDA 12 one"
+    wheels+=(.whl/fallback/*.whl)
+  fi
   # cp312 wheels: on another Python pip refuses them all, and the tests would fail on imports
   if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/flowserve-site .whl/*.whl 2>"$OUT/wheels.log"; then
+    --target /tmp/flowserve-site "${wheels[@]}" 2>"$OUT/wheels.log"; then
     export PYTHONPATH=/tmp/flowserve-site
   else
     echo "== the wheels in .whl/ did not install ($("$PY" -V 2>&1); they are for CPython 3.12):"

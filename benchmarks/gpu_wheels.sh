@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-mkdir -p .whl
+rm -rf .whl
+mkdir -p .whl/fallback
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
@@ -15,8 +16,11 @@ for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manyl
 done
 # tritonclient, grpcio and protobuf at the versions this checkout's environment runs (the tests'
 # own): tritonclient's generated stubs refuse an older grpcio or protobuf than they were made
-# with, and the image's may be older. cuda-bindings (CUDA 12, any recent driver) is what
-# tritonclient's cuda_shared_memory imports: without it the CUDA shm tests skip.
+# with, and the image's may be older. cuda-bindings is what tritonclient's cuda_shared_memory
+# imports (without it the CUDA shm tests skip): the device image has its own, built for its
+# CUDA (13, with torch 2.11+cu130: ../.library/device/KINDS.md), which a carried one must not
+# shadow, so CUDA 12's goes to .whl/fallback/ and gpu_check.sh installs it only where the
+# machine's Python cannot import cuda.bindings.runtime.
 ENV_PY=python3
 [ -x .venv/bin/python ] && ENV_PY=.venv/bin/python
 pinned=$("$ENV_PY" - tritonclient grpcio protobuf <<'PY'
@@ -30,12 +34,16 @@ for name in sys.argv[1:]:
         print(name)
 PY
 )
-for package in hpack $pinned "cuda-bindings>=12.9,<13" cuda-pathfinder uvicorn httptools h11 click \
+for package in hpack $pinned uvicorn httptools h11 click \
   pytest-asyncio python-rapidjson geventhttpclient gevent zope.event zope.interface greenlet brotli \
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-http \
   opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos google-re2; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" --platform any -d .whl "$package"
+done
+for package in "cuda-bindings>=12.9,<13" cuda-pathfinder; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" --platform any -d .whl/fallback "$package"
 done
 du -sh .whl
