@@ -16,14 +16,15 @@ for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manyl
 done
 # tritonclient, grpcio and protobuf at the versions this checkout's environment runs (the tests'
 # own): tritonclient's generated stubs refuse an older grpcio or protobuf than they were made
-# with, and the image's may be older. cuda-bindings is what tritonclient's cuda_shared_memory
+# with, and the image's may be older; pytest and pytest-asyncio at the tests' own versions too
+# (gpu_check.sh runs them with no other plugin). cuda-bindings is what tritonclient's cuda_shared_memory
 # imports (without it the CUDA shm tests skip): the device image has its own, built for its
 # CUDA (13, with torch 2.11+cu130: ../.library/device/KINDS.md), which a carried one must not
 # shadow, so CUDA 12's goes to .whl/fallback/ and gpu_check.sh installs it only where the
 # machine's Python cannot import cuda.bindings.runtime.
 ENV_PY=python3
 [ -x .venv/bin/python ] && ENV_PY=.venv/bin/python
-pinned=$("$ENV_PY" - tritonclient grpcio protobuf <<'PY'
+pinned=$("$ENV_PY" - tritonclient grpcio protobuf pytest pluggy iniconfig pytest-asyncio <<'PY'
 import importlib.metadata as metadata
 import sys
 
@@ -35,7 +36,7 @@ for name in sys.argv[1:]:
 PY
 )
 for package in hpack $pinned uvicorn httptools h11 click \
-  pytest-asyncio python-rapidjson geventhttpclient gevent zope.event zope.interface greenlet brotli \
+  python-rapidjson geventhttpclient gevent zope.event zope.interface greenlet brotli \
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-http \
   opentelemetry-exporter-otlp-proto-grpc importlib-metadata googleapis-common-protos google-re2; do
