@@ -38,6 +38,7 @@ serve: install
 
 lint:
 	$(BIN)/ruff check flowserve nodes tests benchmarks
+	$(BIN)/ruff format --check flowserve nodes tests benchmarks
 	$(BIN)/mypy
 
 # the documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link, anchor,

@@ -86,7 +86,9 @@ def config(gpu: bool, instances: int, threads: int = 0) -> str:
     kind = "KIND_GPU" if gpu else "KIND_CPU"
     parameter = f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "{threads}" }} }}\n'
     parameters = parameter if threads else ""
-    return parameters + f"""name: "{MODEL}"
+    return (
+        parameters
+        + f"""name: "{MODEL}"
 platform: "pytorch_libtorch"
 max_batch_size: {BATCH}
 input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] }} ]
@@ -94,6 +96,7 @@ output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
 instance_group [ {{ kind: {kind} count: {instances} }} ]
 dynamic_batching {{ preferred_batch_size: [ 16, 32 ] max_queue_delay_microseconds: 2000 }}
 """
+    )
 
 
 def build_net(torch: Any) -> Any:
@@ -276,7 +279,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument(
-        "--intra-op-threads", type=int, default=None,
+        "--intra-op-threads",
+        type=int,
+        default=None,
         help="the model's INTRA_OP_THREAD_COUNT (default 1 on the CPU, torch's own on a GPU; 0: torch's)",
     )
     parser.add_argument("--window-ms", type=int, default=3000)
@@ -356,9 +361,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "a served conv net vs raw torch (the ceiling), perf_analyzer batch 1, same run",
         started,
         device=device,
-        settings={"size": args.size, "concurrency": args.concurrency, "instances": args.instances,
-                  "window_ms": args.window_ms, "workers": args.workers, "transports": args.transports,
-                  "intra_op_threads": args.intra_op_threads, "repeats": args.repeats},
+        settings={
+            "size": args.size,
+            "concurrency": args.concurrency,
+            "instances": args.instances,
+            "window_ms": args.window_ms,
+            "workers": args.workers,
+            "transports": args.transports,
+            "intra_op_threads": args.intra_op_threads,
+            "repeats": args.repeats,
+        },
         ceiling_images_per_s=round(raw, 1),
         ceilings_before_after=measured,
         summary=summary,

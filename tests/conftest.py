@@ -106,7 +106,11 @@ def _start_server(
     wanted = (listeners or os.environ.get("FLOWSERVE_TEST_LISTENERS", "http,grpc,metrics")).split(",")
     ports = {name: (free_port() if name in wanted else -1) for name in ("http", "grpc", "metrics")}
     cmd = [sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1"]
-    cmd += [f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}"]
+    cmd += [
+        f"--http-port={ports['http']}",
+        f"--grpc-port={ports['grpc']}",
+        f"--metrics-port={ports['metrics']}",
+    ]
     for repo in repositories:
         cmd += ["--model-repository", str(repo)]
     for gdir in graphs:

@@ -104,7 +104,9 @@ def test_a_missing_model_file_blocks_the_graph_using_it_when_only_reading(projec
         done = validate(*args, cwd=project)
         assert done.returncode == 1
         lines = done.stderr.splitlines()
-        assert lines[0].startswith("error: model_repository/scale/config.pbtxt: model 'scale' version 1: "), lines
+        assert lines[0].startswith("error: model_repository/scale/config.pbtxt: model 'scale' version 1: "), (
+            lines
+        )
         what = "valid and loaded" if verb == "loaded" else "valid"
         assert lines[1:] == [f"not {verb}, as they use what failed: hello", f"1 error(s); 0 {what}: none"]
 

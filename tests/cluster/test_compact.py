@@ -16,7 +16,9 @@ def _log(*changes: tuple[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]
 
 
 def test_a_models_last_load_or_unload_is_all_that_is_kept() -> None:
-    log = _log(("load", {"name": "a"}), ("load", {"name": "b"}), ("unload", {"name": "a"}), ("load", {"name": "a"}))
+    log = _log(
+        ("load", {"name": "a"}), ("load", {"name": "b"}), ("unload", {"name": "a"}), ("load", {"name": "a"})
+    )
     assert log == [("load", {"name": "b"}), ("load", {"name": "a"})]
 
 

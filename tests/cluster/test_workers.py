@@ -326,7 +326,9 @@ def test_interleaved_sequences_over_many_connections_keep_their_sums(cluster: Se
     elsewhere) is raised to 30 s here: seven other calls run between two steps of a sequence,
     and on a busy machine they can take longer than 200 ms."""
     config = (ROOT / "tests" / "models" / "sequence_accumulate" / "config.pbtxt").read_text()
-    patient = config.replace("max_sequence_idle_microseconds: 200000", "max_sequence_idle_microseconds: 30000000")
+    patient = config.replace(
+        "max_sequence_idle_microseconds: 200000", "max_sequence_idle_microseconds: 30000000"
+    )
     assert patient != config
     loader = grpcclient.InferenceServerClient(cluster.grpc_url)
     loader.load_model("sequence_accumulate", config=json.dumps(_config_json(patient)))

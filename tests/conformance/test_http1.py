@@ -646,7 +646,9 @@ async def test_one_address_holds_at_most_its_share() -> None:
     guard = ConnectionGuard("http", limit=10, per_peer=3)
     server, port = await start_server(App(), guard=guard)
     try:
-        held = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
+        held = [
+            await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)
+        ]
         reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
         assert (await read_response(reader))[0] == 503 and guard.refused == 1
         writer.close()

@@ -188,7 +188,9 @@ async def test_a_bomb_stops_at_its_ratio_and_counts_against_the_budget(start: St
     raw = request("POST", "/v2/models/scale/infer", payload, "Content-Encoding: gzip")
     async with Prober(served):
         status, _, body = await call(served, raw)
-    assert status == 413 and f"exceeds {RATIO} times its compressed size of {len(payload)} bytes" in error(body)
+    assert status == 413 and f"exceeds {RATIO} times its compressed size of {len(payload)} bytes" in error(
+        body
+    )
     # a binary request whose 16 MiB tensor compresses about 4:1 (4 MiB sent)
     tensor = np.random.default_rng(0).integers(0, 4, 4 << 20, dtype=np.int32)
     header = jsonfmt.dumps(
@@ -229,7 +231,9 @@ async def test_a_chunked_json_body_is_refused_as_soon_as_it_passes_the_json_limi
                 await writer.drain()
         status, headers, body = await read_response(reader)
     assert status == 413 and headers[b"connection"] == b"close"
-    assert f"limit of {1 << 20} bytes for JSON (--http-max-json-bytes)" in error(body) and "binary" in error(body)
+    assert f"limit of {1 << 20} bytes for JSON (--http-max-json-bytes)" in error(body) and "binary" in error(
+        body
+    )
     writer.close()
     await until(lambda: served.plane.guards.budget.in_use == 0)
     # the same for the other JSON endpoints (here: the repository index)

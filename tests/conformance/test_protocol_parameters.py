@@ -114,7 +114,9 @@ def test_the_schedulers_settings_are_not_the_models(served: Any) -> None:
     grpc_ = grpcclient.InferenceServerClient(served.grpc_url)
     try:
         for client, module in ((http, httpclient), (grpc_, grpcclient)):
-            result = client.infer("params", inputs(module), priority=1, timeout=10_000_000, parameters={"k": 1})
+            result = client.infer(
+                "params", inputs(module), priority=1, timeout=10_000_000, parameters={"k": 1}
+            )
             assert seen(result) == {"k": 1}, module.__name__
     finally:
         http.close()

@@ -67,7 +67,9 @@ def test_per_peer_cap_evicts_only_that_peers_connections() -> None:
     mine = [Conn(None), Conn(None)]
     assert all(guard.admit(conn, "127.0.0.3") for conn in mine)
     clock.advance(EVICT_AFTER_S * 10)
-    assert not guard.admit(Conn(clock.now()), "127.0.0.3")  # its own are busy; the other peer's idle one is not its to take
+    assert not guard.admit(
+        Conn(clock.now()), "127.0.0.3"
+    )  # its own are busy; the other peer's idle one is not its to take
     assert not other.evicted
     mine[1].since = clock.now() - EVICT_AFTER_S
     assert guard.admit(Conn(clock.now()), "127.0.0.3")

@@ -218,9 +218,7 @@ def _tf_module() -> Any:
             super().__init__()
             self.w = tf.Variable(tf_weights())
 
-        @tf.function(
-            input_signature=[tf.TensorSpec([None, TF_FEATURES], tf.float32)] * 2, autograph=False
-        )
+        @tf.function(input_signature=[tf.TensorSpec([None, TF_FEATURES], tf.float32)] * 2, autograph=False)
         def serve(self, x: Any, y: Any) -> dict[str, Any]:
             return {"sum": tf.identity(x + y * self.w, name="sum"), "diff": tf.identity(x - y, name="diff")}
 

@@ -558,7 +558,9 @@ async def test_a_lone_inline_instance_runs_batches_in_the_batching_task(
     assert stats.execution_count == 12
 
 
-async def probed(make: Factory, clock: FakeClock, spec: BatchingSpec) -> tuple[Batcher, LoopBackend, ModelStats]:
+async def probed(
+    make: Factory, clock: FakeClock, spec: BatchingSpec
+) -> tuple[Batcher, LoopBackend, ModelStats]:
     """A started batcher over an inline LoopBackend whose probe calls are done."""
     stats = ModelStats()
     backend = LoopBackend(backend_model(1), 1, stats, clock)

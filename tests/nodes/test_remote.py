@@ -513,4 +513,3 @@ def test_loading_a_graph_whose_remote_never_answers_does_not_stall_the_server(
         assert "node 'net'" in str(failure) and address in str(failure)
     finally:
         silent.close()
-

@@ -450,7 +450,9 @@ async def test_arms_must_match_and_exist(repo: Path) -> None:
               a: {model: tag, version: 7}
             """,
         )
-        with pytest.raises(InvalidArgument, match="arm 'a': Request for unknown model: 'tag' version 7 is not found"):
+        with pytest.raises(
+            InvalidArgument, match="arm 'a': Request for unknown model: 'tag' version 7 is not found"
+        ):
             await engine.load_model("mismatch")
     finally:
         await engine.stop()

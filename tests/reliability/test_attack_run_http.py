@@ -198,7 +198,9 @@ def grpc_bomb(served: ServerProcess, n: int, body: bytes) -> str:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_gzip_bombs_stay_within_the_budget_and_the_memory_comes_back(served: ServerProcess, protocol: str) -> None:
+def test_gzip_bombs_stay_within_the_budget_and_the_memory_comes_back(
+    served: ServerProcess, protocol: str
+) -> None:
     """20 bombs at once (300 MiB of zeros in 300 KB each: 6 MB sent): each is refused (its
     ratio, or the budget), resident memory grows by no more than the budget (per worker),
     and returns near where it was once they are done. Before: each inflated to the 256 MiB
@@ -226,7 +228,9 @@ def test_gzip_bombs_stay_within_the_budget_and_the_memory_comes_back(served: Ser
             assert answer.startswith(("HTTP/1.1 413", "HTTP/1.1 503")), answer[:300]
         else:
             assert answer.startswith("8 "), answer[:300]  # RESOURCE_EXHAUSTED
-        assert f"exceeds {RATIO} times its compressed size" in answer or "--max-buffered-request-bytes" in answer
+        assert (
+            f"exceeds {RATIO} times its compressed size" in answer or "--max-buffered-request-bytes" in answer
+        )
     grown = peak.most - before
     assert grown < workers(served) * (BUDGET + 160 * MiB), (grown >> 20, before >> 20)
     after = settled(served, below=before + workers(served) * 96 * MiB)

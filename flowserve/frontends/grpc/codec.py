@@ -191,7 +191,6 @@ def read_varint(view: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
-
 def decode_request(msg: Any, shm: SharedMemoryRegistry, limits: Limits = DEFAULT_LIMITS) -> InferRequest:
     """A transport-neutral request from a ModelInferRequest; InvalidArgument (naming the
     tensor) for anything malformed, ResourceExhausted for anything over ``limits``. The caller
@@ -431,8 +430,7 @@ def encode_response_wire(
         return encode_response(response, shm, targets)
     head = encode_response(response, shm, targets, raw=False)
     raws = [
-        b"" if targets and name in targets else raw_view(array)
-        for name, array in response.outputs.items()
+        b"" if targets and name in targets else raw_view(array) for name, array in response.outputs.items()
     ]
     return WireResponse(head, raws)
 

@@ -129,9 +129,7 @@ class BackendNode(Node):
             results = [self._reshape(r, self._out_reshape) for r in results]
         return results
 
-    def batch_call(
-        self, contexts: Sequence[Context]
-    ) -> Callable[[Any, list[TensorMap]], list[TensorMap]]:
+    def batch_call(self, contexts: Sequence[Context]) -> Callable[[Any, list[TensorMap]], list[TensorMap]]:
         """What runs a batch whose requests carry ``contexts``: ``execute_batch`` (which sees no
         context) unless a backend hands the requests' ids and parameters to its model."""
         return self.execute_batch

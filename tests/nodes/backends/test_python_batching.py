@@ -113,9 +113,13 @@ def test_grouped_over_one_grpc_stream_with_tritonclient(server: ServerProcess) -
         for _ in range(6):
             item = results.get(timeout=30)
             assert not isinstance(item, Exception), item
-            got.append((item.get_response().id, int(item.as_numpy("OUT")[0, 0]), int(item.as_numpy("SIZE")[0, 0])))  # type: ignore[attr-defined]
+            got.append(
+                (item.get_response().id, int(item.as_numpy("OUT")[0, 0]), int(item.as_numpy("SIZE")[0, 0]))
+            )  # type: ignore[attr-defined]
         client.stop_stream()
-    assert sorted(got) == sorted([(str(v), v, 3) for v in (1, 2, 3)] + [(str(v), 10 * v, 3) for v in (1, 2, 3)])
+    assert sorted(got) == sorted(
+        [(str(v), v, 3) for v in (1, 2, 3)] + [(str(v), 10 * v, 3) for v in (1, 2, 3)]
+    )
 
 
 ECHO_CONFIG = """

@@ -20,6 +20,7 @@ def limited_log() -> LimitedLog:
     """The transport's log of connection ends: at most one line a second (core.ratelog)."""
     return LimitedLog(log)
 
+
 DEFAULT_WINDOW = 65_535
 # what this server lets a peer send ahead: per stream, and on the connection as a whole
 STREAM_WINDOW = 16 * 1024 * 1024

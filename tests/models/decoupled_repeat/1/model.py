@@ -19,6 +19,9 @@ class TritonPythonModel:
             if value < 0:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"negative value at {i}")))
                 break
-            out = [pb_utils.Tensor("OUT", np.array([value], np.int32)), pb_utils.Tensor("IDX", np.array([i], np.uint32))]
+            out = [
+                pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                pb_utils.Tensor("IDX", np.array([i], np.uint32)),
+            ]
             sender.send(pb_utils.InferenceResponse(output_tensors=out))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
