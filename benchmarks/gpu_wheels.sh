@@ -3,7 +3,7 @@
 # torch, numpy, grpcio, protobuf, networkx, pyyaml, prometheus-client, ml-dtypes, uvloop and
 # pytest, but not these; google-re2 too: flowserve/dataplane/headers.py imports re2, so no server
 # starts without it), for CPython 3.12 on manylinux x86_64, into .whl/ (ignored by git).
-# benchmarks/gpu_check.sh installs them from there. About 20 MB. Run here, where pip reaches PyPI.
+# benchmarks/gpu_check.sh installs them from there. About 25 MB. Run here, where pip reaches PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -17,11 +17,11 @@ done
 # tritonclient, grpcio and protobuf at the versions this checkout's environment runs (the tests'
 # own): tritonclient's generated stubs refuse an older grpcio or protobuf than they were made
 # with, and the image's may be older; pytest and pytest-asyncio at the tests' own versions too
-# (gpu_check.sh runs them with no other plugin). cuda-bindings is what tritonclient's cuda_shared_memory
-# imports (without it the CUDA shm tests skip): the device image has its own, built for its
-# CUDA (13, with torch 2.11+cu130: ../.library/device/KINDS.md), which a carried one must not
-# shadow, so CUDA 12's goes to .whl/fallback/ and gpu_check.sh installs it only where the
-# machine's Python cannot import cuda.bindings.runtime.
+# (gpu_check.sh runs them with no other plugin). cuda-bindings is what tritonclient's
+# cuda_shared_memory imports (without it the CUDA shm tests skip): the device image has its
+# own, built for its CUDA (13, with torch 2.11+cu130: ../.library/device/KINDS.md), which a
+# carried one must not shadow, so CUDA 12's goes to .whl/fallback/ and gpu_check.sh installs
+# it only where the machine's Python cannot import cuda.bindings.runtime.
 ENV_PY=python3
 [ -x .venv/bin/python ] && ENV_PY=.venv/bin/python
 pinned=$("$ENV_PY" - tritonclient grpcio protobuf pytest pluggy iniconfig pytest-asyncio <<'PY'
