@@ -86,17 +86,17 @@ def share(group: InstanceSpec, worker: int, workers: int) -> InstanceSpec:
     return replace(group, count=size, first=group.first + start)
 
 
-def shared(model: ModelSpec) -> bool:
-    """Whether the workers share ``model``'s instance groups rather than each loading them all:
-    a Python model (its instances take turns at one interpreter lock per process)."""
-    return model.graph is None and model.backend == "python"
-
-
 def shared_group(backend: str, kind: str) -> bool:
     """Whether the workers share an instance group of ``kind`` of a model of ``backend`` (each
-    loads its run of the group's count: :func:`share`); every other group each worker loads
-    whole. The one rule for the server (:meth:`Placement.instances`) and ``flowserve analyze``."""
+    loads its run of the group's count: :func:`share`) rather than each loading it whole: a
+    Python model's CPU instances, which take turns at one interpreter lock per process. The one
+    rule for the server (:meth:`Placement.instances`) and ``flowserve analyze``."""
     return backend == "python" and kind == "KIND_CPU"
+
+
+def shared(model: ModelSpec) -> bool:
+    """Whether the workers share any of ``model``'s instance groups (:func:`shared_group`)."""
+    return model.graph is None and any(shared_group(model.backend, g.kind) for g in model.instances)
 
 
 @dataclass(frozen=True)
