@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from flowserve.analyze.cli import add_parser as add_analyze
 from flowserve.bench.cli import add_parser as add_bench
+from flowserve.cluster import affinity
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.version import VERSION
 from flowserve.frontends import GRPC_SERVERS, HTTP_SERVERS
@@ -368,6 +369,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         graph_dirs=sources.graphs,
         repository=repository,
         workers=args.workers,
+        cpu_affinity=args.cpu_affinity,
         rate_limit=args.rate_limit,
         rate_limit_resources=rate_limits,
         header_forward=header_forward,
@@ -701,6 +703,14 @@ def build_parser(defaults: Settings | None = None) -> argparse.ArgumentParser:
         default=d.repository.cache_bytes,
         metavar="BYTES",
         help="response cache size (LRU, shared); models opt in with response_cache { enable: true }",
+    )
+    execution.add_argument(
+        "--cpu-affinity",
+        choices=list(affinity.MODES),
+        default=d.cpu_affinity,
+        help="with --workers N: 'spread' holds each worker to its own share of the cores "
+        "(best for Python models and workers each kept busy; a worker then cannot borrow "
+        "another's idle core), 'none' lets the kernel move them (default: %(default)s)",
     )
     execution.add_argument(
         "--inline-threshold-us",

@@ -49,6 +49,9 @@ class Settings:
     repository: RepositorySettings = field(default_factory=RepositorySettings)
     # worker processes (--workers; flowserve/cluster/): 1 is one process, as before
     workers: int = 1
+    # --cpu-affinity: "spread" holds each worker to its own share of the cores
+    # (flowserve/cluster/affinity.py); "none" lets the kernel move them
+    cpu_affinity: str = "none"
     host: str = "0.0.0.0"
     http_port: int = 8000  # negative: no listener (each of the three)
     grpc_port: int = 8001

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowserve.cluster import routing
+from flowserve.cluster import affinity, routing
 from flowserve.cluster.board import BOARD_FILE, Board, BoardAdmission
 from flowserve.cluster.link import Link, serve
 from flowserve.cluster.merge import merge_metrics, merge_statistics
@@ -300,6 +300,10 @@ async def run_worker(directory: Path, index: int) -> int:
 
     hide_command_line()
     settings: Settings = pickle.loads((directory / "settings.pickle").read_bytes())
+    if settings.cpu_affinity == "spread":  # before anything loads: its threads inherit it
+        cpus = affinity.pin(index, settings.workers)
+        if cpus is not None:
+            log.info("worker %d runs on CPUs %s", index, affinity.describe(cpus))
     peers = WorkerPeers(index, settings.workers, directory)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
