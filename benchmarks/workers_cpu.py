@@ -1,5 +1,6 @@
 """A CPU-bound Python model over ONE connection: flowserve ``--workers 1`` and ``--workers 2``
-against Triton 2.51, side by side, same run (issue 28 item 4).
+against Triton 2.51, side by side, same run (issue 28 item 4); and ``--workers 2
+--cpu-affinity spread`` (each worker held to a core of its own: ``flowserve/cluster/affinity.py``).
 
     python benchmarks/workers_cpu.py                 # ~4 min: gRPC and HTTP, c=4, 3 repeats
     python benchmarks/workers_cpu.py --protocols grpc --repeats 5
@@ -38,7 +39,8 @@ from triton_setup import ensure_triton
 RESULTS = HERE / "results"
 REPOSITORY = HERE / "models" / "workers"
 MODEL = "cpu_burn"
-SIDES = ("triton", "workers=1", "workers=2")
+SPREAD = "workers=2 spread"
+SIDES = ("triton", "workers=1", "workers=2", SPREAD)
 
 
 def flowserve_repository(count: int | None) -> Path:
@@ -57,14 +59,15 @@ def flowserve_repository(count: int | None) -> Path:
     return copy
 
 
-def start_flowserve(group: ServerGroup, workers: int, repository: Path) -> Server:
+def start_flowserve(group: ServerGroup, workers: int, repository: Path, cpu_affinity: str = "none") -> Server:
     http, grpc = free_port(), free_port()
     command = [
         sys.executable, "-m", "flowserve.cli", "serve", "--host", "127.0.0.1", f"--http-port={http}",
         f"--grpc-port={grpc}", f"--metrics-port={free_port()}", "--workers", str(workers),
-        "--model-repository", str(repository),
+        "--cpu-affinity", cpu_affinity, "--model-repository", str(repository),
     ]  # fmt: skip
-    return group.start(f"flowserve_w{workers}", command, http, grpc, [f"/v2/models/{MODEL}/ready"])
+    name = f"flowserve_w{workers}" + ("" if cpu_affinity == "none" else f"_{cpu_affinity}")
+    return group.start(name, command, http, grpc, [f"/v2/models/{MODEL}/ready"])
 
 
 def start_triton(group: ServerGroup) -> Server:
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         repository = flowserve_repository(args.flowserve_count)
         for workers in (1, 2):
             servers[f"workers={workers}"] = start_flowserve(group, workers, repository)
+        servers[SPREAD] = start_flowserve(group, 2, repository, "spread")
         for repeat in range(args.repeats):
             shift = repeat % len(SIDES)
             order = SIDES[shift:] + SIDES[:shift]
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     result.update(side=side, protocol=protocol, repeat=repeat)
                     records.append(result)
                     print(
-                        f"repeat {repeat}  {protocol:4s} {side:10s} {result['infer_per_s']:7.0f} infer/s  "
+                        f"repeat {repeat}  {protocol:4s} {side:16s} {result['infer_per_s']:7.0f} infer/s  "
                         f"p99 {result['p99_us'] / 1000:6.2f} ms  server cores {result['server_cores']:.2f}",
                         flush=True,
                     )
@@ -121,6 +125,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"protocol": protocol}
         for side in SIDES:
             runs = [r for r in mine if r["side"] == side]
+            if not runs:
+                continue
             row[side] = {
                 "infer_per_s": round(statistics.median(r["infer_per_s"] for r in runs)),
                 "p99_ms": round(statistics.median(r["p99_us"] for r in runs) / 1000, 2),
@@ -129,6 +135,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["w2_vs_triton"] = _ratio(mine, "workers=2", "triton")
         row["w1_vs_triton"] = _ratio(mine, "workers=1", "triton")
         row["w2_vs_w1"] = _ratio(mine, "workers=2", "workers=1")
+        row["spread_vs_triton"] = _ratio(mine, SPREAD, "triton")
+        row["spread_vs_w2"] = _ratio(mine, SPREAD, "workers=2")
         rows.append(row)
     return rows
 
@@ -141,17 +149,20 @@ def _fmt(ratio: dict[str, Any] | None) -> str:
 
 def render(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'proto':5s} | {'Triton':>7s} | {'w=1':>6s} | {'w=2':>6s} | {'w=2/Triton':>18s} | "
-        f"{'w=1/Triton':>18s} | w=2/w=1"
+        f"{'proto':5s} | {'Triton':>7s} | {'w=1':>6s} | {'w=2':>6s} | {'spread':>6s} | {'w=2/Triton':>18s} | "
+        f"{'spread/Triton':>18s} | {'w=1/Triton':>18s} | w=2/w=1"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
+        spread = r.get(SPREAD, {}).get("infer_per_s")
         lines.append(
             f"{r['protocol']:5s} | {r['triton']['infer_per_s']:7d} | {r['workers=1']['infer_per_s']:6d} | "
-            f"{r['workers=2']['infer_per_s']:6d} | {_fmt(r['w2_vs_triton']):>18s} | "
+            f"{r['workers=2']['infer_per_s']:6d} | {'-' if spread is None else spread:>6} | "
+            f"{_fmt(r['w2_vs_triton']):>18s} | {_fmt(r.get('spread_vs_triton')):>18s} | "
             f"{_fmt(r['w1_vs_triton']):>18s} | {_fmt(r['w2_vs_w1'])}"
         )
-    lines.append("infer/s medians over the repeats; ratios per repeat, median (range)")
+    lines.append("infer/s medians over the repeats; ratios per repeat, median (range); "
+                 "spread: --workers 2 --cpu-affinity spread")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -177,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(rows))
     settings = {"repeats": args.repeats, "concurrency": args.concurrency, "model": MODEL,
                 "flowserve_count": args.flowserve_count}  # fmt: skip
-    benchmark = "CPU-bound Python model: Triton 2.51 vs flowserve --workers 1 and 2, perf_analyzer 2.40"
+    benchmark = (
+        "CPU-bound Python model: Triton 2.51 vs flowserve --workers 1 and 2 "
+        "(and 2 with --cpu-affinity spread), perf_analyzer 2.40"
+    )
     write_result(args.output, benchmark, started, settings=settings, summary=rows, runs=records)
     return 0
 
