@@ -151,6 +151,17 @@ def test_a_missing_repository_refuses_to_start(
     assert capsys.readouterr().err == f"error: --graphs {missing}: no such directory\n"
 
 
+def test_an_unknown_cpu_affinity_from_the_environment_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse checks ``--cpu-affinity``'s choices, not a default taken from the environment."""
+    monkeypatch.setenv("FLOWSERVE_CPU_AFFINITY", "spred")
+    assert cli.main(["serve", "--model-repository", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: --cpu-affinity (or FLOWSERVE_CPU_AFFINITY): expected one of none, spread, got 'spred'\n"
+    )
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
 def test_an_unreadable_repository_refuses_to_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
