@@ -210,7 +210,7 @@ def serve_and_measure(
     with ServerGroup(WORK / "logs") as group:
         http, grpc = free_port(), free_port()
         command = flowserve_command(repository.resolve(), repository.parent / "empty_graphs", http, grpc)
-        command += ["--workers", str(workers)]
+        command += ["--workers", str(workers), "--cpu-affinity", args.cpu_affinity]
         server = group.start(f"flowserve-w{workers}", command, http, grpc, [f"/v2/models/{MODEL}/ready"])
         for transport in args.transports:
             protocol = "http" if transport == "http" else "grpc"
@@ -284,6 +284,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="the model's INTRA_OP_THREAD_COUNT (default 1 on the CPU, torch's own on a GPU; 0: torch's)",
     )
+    parser.add_argument(
+        "--cpu-affinity", choices=["none", "spread"], default="none",
+        help="flowserve's --cpu-affinity for the served runs (spread: each worker on cores of its own)",
+    )  # fmt: skip
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument(
         "--repeats", type=int, default=1, help="rounds of served runs, a ceiling measured between each two"
@@ -369,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "workers": args.workers,
             "transports": args.transports,
             "intra_op_threads": args.intra_op_threads,
+            "cpu_affinity": args.cpu_affinity,
             "repeats": args.repeats,
         },
         ceiling_images_per_s=round(raw, 1),
