@@ -8,8 +8,9 @@ inter-processor interrupt, dearer still in a virtual machine) and its caches sta
 cores, a 2 ms pure-Python model at concurrency 4 over one gRPC connection fell into one of two
 modes run by run, 700-720 or 770-790 infer/s; with each worker held to a core of its own,
 ``benchmarks/workers_cpu.py --repeats 5`` read 750-813 (median 800, 0.99x Triton 2.51) against
-695-803 (733) unpinned, and over HTTP 734-800 (760) against 627-840 (687), with about 5 % less
-server CPU per request. ``benchmarks/README.md`` has the runs.
+695-803 (733) unpinned, and 0.93x against 0.85x in a second run; over HTTP 734-800 (760)
+against 627-840 (687), with about 5 % less server CPU per request. ``benchmarks/README.md`` has
+the runs.
 
 Policy (:func:`partition`)
     The CPUs this process may use (``os.sched_getaffinity``: a container's cpuset, taskset) are
