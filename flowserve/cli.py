@@ -325,13 +325,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.cpu_affinity not in affinity.MODES:  # FLOWSERVE_CPU_AFFINITY is not checked by argparse
-        print(
-            f"error: --cpu-affinity (or FLOWSERVE_CPU_AFFINITY): expected one of "
-            f"{', '.join(affinity.MODES)}, got {args.cpu_affinity!r}",
-            file=sys.stderr,
-        )
-        return 2
     if args.strict_model_config:
         print(
             "warning: --strict-model-config=true is not enforced: configs are auto-completed where "

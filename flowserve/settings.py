@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from flowserve.cluster.affinity import MODES as CPU_AFFINITY_MODES
 from flowserve.core.errors import InvalidArgument
 from flowserve.core.limits import Limits
 from flowserve.dataplane.access import Restrictions
@@ -49,8 +50,8 @@ class Settings:
     repository: RepositorySettings = field(default_factory=RepositorySettings)
     # worker processes (--workers; flowserve/cluster/): 1 is one process, as before
     workers: int = 1
-    # --cpu-affinity: "spread" holds each worker to its own share of the cores
-    # (flowserve/cluster/affinity.py); "none" lets the kernel move them
+    # --cpu-affinity (CPU_AFFINITY_MODES): "spread" holds each worker to its own share of the
+    # cores (flowserve/cluster/affinity.py); "none" lets the kernel move them
     cpu_affinity: str = "none"
     host: str = "0.0.0.0"
     http_port: int = 8000  # negative: no listener (each of the three)
@@ -107,6 +108,11 @@ class Settings:
     ray_address: str = ""
 
     def __post_init__(self) -> None:
+        if self.cpu_affinity not in CPU_AFFINITY_MODES:  # argparse checks the flag, not this default
+            raise InvalidArgument(
+                f"--cpu-affinity (or FLOWSERVE_CPU_AFFINITY): expected one of "
+                f"{', '.join(CPU_AFFINITY_MODES)}, got {self.cpu_affinity!r}"
+            )
         if self.ray_address and self.ray_address != self.repository.ray_address:
             self.repository = dataclasses.replace(self.repository, ray_address=self.ray_address)
         elif not self.ray_address:
