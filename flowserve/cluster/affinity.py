@@ -78,13 +78,13 @@ def siblings(cpus: Iterable[int], root: Path = SYSFS_CPUS) -> dict[int, frozense
 def cores(cpus: Iterable[int], sibling_sets: Mapping[int, frozenset[int]]) -> list[list[int]]:
     """The allowed ``cpus`` grouped by physical core, each group sorted, groups in the order of
     their first CPU. Siblings outside ``cpus`` are left out."""
-    allowed = sorted(set(cpus))
+    allowed = set(cpus)
     seen: set[int] = set()
     groups: list[list[int]] = []
-    for cpu in allowed:
+    for cpu in sorted(allowed):
         if cpu in seen:
             continue
-        group = sorted((set(sibling_sets.get(cpu, frozenset())) | {cpu}) & set(allowed))
+        group = sorted((sibling_sets.get(cpu, frozenset()) | {cpu}) & allowed)
         seen.update(group)
         groups.append(group)
     return groups
@@ -110,8 +110,8 @@ def partition(core_groups: Sequence[Sequence[int]], workers: int) -> list[frozen
 
 def share(index: int, workers: int, allowed: Iterable[int], root: Path = SYSFS_CPUS) -> frozenset[int]:
     """Worker ``index``'s CPUs out of ``allowed``, by the machine's topology under ``root``."""
-    allowed = sorted(set(allowed))
-    return partition(cores(allowed, siblings(allowed, root)), workers)[index]
+    cpus = set(allowed)
+    return partition(cores(cpus, siblings(cpus, root)), workers)[index]
 
 
 def pin(
@@ -152,20 +152,13 @@ def _threads() -> list[int]:
 
 def describe(cpus: Iterable[int]) -> str:
     """A set of CPUs as the kernel writes a CPU list (``{0, 1, 2, 5}``: ``0-2,5``), for logs."""
-    ordered = sorted(cpus)
-    runs: list[str] = []
-    start = prev = None
-    for cpu in ordered:
-        if start is None:
-            start = prev = cpu
-        elif prev is not None and cpu == prev + 1:
-            prev = cpu
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
         else:
-            runs.append(f"{start}-{prev}" if start != prev else f"{start}")
-            start = prev = cpu
-    if start is not None:
-        runs.append(f"{start}-{prev}" if start != prev else f"{start}")
-    return ",".join(runs)
+            runs.append([cpu, cpu])
+    return ",".join(f"{first}-{last}" if last > first else f"{first}" for first, last in runs)
 
 
 __all__ = ["MODES", "cores", "describe", "parse_cpu_list", "partition", "pin", "share", "siblings"]
