@@ -16,10 +16,16 @@ second table sets them side by side per size and server: latency p50, the server
 request and perf_analyzer's, so a gap between the protocols can be told the server's or the
 client's.
 
+``--client lean`` sends the same requests with ``lean_client.py``'s clients instead, which copy
+the payload in user space on neither protocol (perf_analyzer's gRPC client copies it three
+times, its HTTP client about once each way): with both clients costing the same, a gap between
+gRPC and HTTP is the server's. HTTP and gRPC only (no shm); the window is ``--window-ms``.
+
     python benchmarks/large_tensors.py                     # 1 KiB .. 64 MiB, 2 repeats, ~10 min
     python benchmarks/large_tensors.py --sizes 16M --transports grpc http --repeats 3
     python benchmarks/large_tensors.py --no-triton         # flowserve alone (no reference)
     python benchmarks/large_tensors.py --baseline /tmp/old # also flowserve from another tree
+    python benchmarks/large_tensors.py --sizes 16M --transports grpc http --client lean
 
 Writes benchmarks/results/large_tensors.json.
 """
@@ -38,6 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import lean_client  # noqa: E402
 from compare import run_script, write_result  # noqa: E402
 from perf import Settings, measure  # noqa: E402
 from perf_analyzer_setup import ensure_perf_analyzer  # noqa: E402
@@ -114,7 +121,7 @@ def extra_args(size: int, transport: str) -> list[str]:
     return args
 
 
-def run(args: argparse.Namespace, binary: Path, servers: dict[str, Server]) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace, binary: Path | None, servers: dict[str, Server]) -> list[dict[str, Any]]:
     settings = Settings(window_ms=args.window_ms, stability=50, max_trials=4, timeout_s=600.0)
     sides = [side for side in ("triton", "baseline", "flowserve") if side in servers]
     records: list[dict[str, Any]] = []
@@ -125,9 +132,17 @@ def run(args: argparse.Namespace, binary: Path, servers: dict[str, Server]) -> l
                 protocol = "http" if transport == "http" else "grpc"
                 order = sides if repeat % 2 == 0 else sides[::-1]
                 for side in order:
-                    result = measure(
-                        binary, servers[side], MODEL, protocol, 1, settings, extra_args(size, transport)
-                    )
+                    server = servers[side]
+                    if binary is None:  # --client lean
+                        port = server.http_port if protocol == "http" else server.grpc_port
+                        window = args.window_ms / 1000
+                        result = lean_client.measure(
+                            "127.0.0.1", port, protocol, MODEL, size, window, server.pid
+                        )
+                    else:
+                        result = measure(
+                            binary, server, MODEL, protocol, 1, settings, extra_args(size, transport)
+                        )
                     record = {"repeat": repeat, "size": label, "bytes": size, "transport": transport}
                     records.append({**record, "side": side, **result})
                     rate = result["infer_per_s"]
@@ -242,13 +257,22 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--no-triton", action="store_true", help="measure flowserve alone")
     parser.add_argument("--baseline", type=Path, help="also flowserve from this source tree (before/after)")
+    parser.add_argument(
+        "--client",
+        choices=("perf_analyzer", "lean"),
+        default="perf_analyzer",
+        help="lean: lean_client.py's clients, which copy nothing on either protocol (no shm)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "large_tensors.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.client == "lean" and "shm" in args.transports:
+        parser.error("--client lean measures http and grpc; shm needs perf_analyzer")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    binary = ensure_perf_analyzer()
+    binary = ensure_perf_analyzer() if args.client == "perf_analyzer" else None
     repository = build_repository(WORK / "large_tensors" / "repo")
     started = time.time()
     with sigterm_as_interrupt(), ServerGroup(WORK / "logs") as group:
@@ -264,13 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_protocols(versus))
     write_result(
         args.output,
-        "large tensors: flowserve vs Triton 2.51, identity model.py, perf_analyzer c=1, same run",
+        f"large tensors: flowserve vs Triton 2.51, identity model.py, {args.client} c=1, same run",
         started,
         settings={
             "sizes": args.sizes,
             "transports": args.transports,
             "repeats": args.repeats,
             "window_ms": args.window_ms,
+            "client": args.client,
             "baseline": str(args.baseline or ""),
         },
         summary=rows,
