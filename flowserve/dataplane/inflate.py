@@ -115,7 +115,7 @@ class Inflater:
 
     def __init__(
         self,
-        data: bytes,
+        data: bytes | bytearray | memoryview,
         wbits: int,
         limit: int,
         budget: ByteBudget | None = None,

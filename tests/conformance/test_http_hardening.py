@@ -27,7 +27,7 @@ from flowserve.dataplane.guard import ByteBudget, Guards
 from flowserve.dataplane.inflate import RATIO
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import HTTP_SERVERS, jsonfmt, start_http
-from flowserve.frontends.http.http1 import Http1Server
+from flowserve.frontends.http.http1 import RAW_BODY_FROM, Http1Server
 from flowserve.frontends.http.listener import HttpListener
 from tests.conformance.test_http1 import read_response, until
 from tests.pacing import prompt_bound
@@ -160,6 +160,31 @@ def bomb(inflated: int) -> bytes:
     return b"".join(parts) + packer.flush()
 
 
+async def test_large_json_bodies_read_into_their_own_buffer_are_parsed(start: Start) -> None:
+    """A body of known length over RAW_BODY_FROM is handed on as the buffer it was read into (a
+    memoryview): JSON inference, JSON-only endpoints (a whitespace-only body is an empty
+    document) and the binary extension's JSON header all read it as they read bytes."""
+    served = await start()
+    body = scale_body(60_000)
+    assert len(body) > RAW_BODY_FROM
+    status, _, answer = await call(served, request("POST", "/v2/models/scale/infer", body))
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [2] * 60_000
+    status, _, answer = await call(served, request("POST", "/v2/repository/index", b" \n" * RAW_BODY_FROM))
+    assert status == 200 and isinstance(json.loads(answer), list)
+    status, _, answer = await call(served, request("POST", "/v2/repository/index", b"[" * RAW_BODY_FROM * 2))
+    assert status == 400 and "malformed" in error(answer)
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [40_000],
+                                     "parameters": {"binary_data_size": 160_000}}]}).encode()  # fmt: skip
+    raw = np.ones(40_000, np.int32).tobytes()
+    status, _, answer = await call(
+        served,
+        request(
+            "POST", "/v2/models/scale/infer", header + raw, f"Inference-Header-Content-Length: {len(header)}"
+        ),
+    )
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [2] * 40_000
+
+
 async def test_a_gzip_bomb_is_inflated_in_steps_off_the_loop(start: Start) -> None:
     served = await start(limits=Limits(max_request_bytes=32 << 20))
     payload = bomb(160 << 20)  # 160 MiB of zeros in ~160 KiB: a thread, stopped at the limit
@@ -266,6 +291,27 @@ async def test_large_json_counts_against_the_byte_budget(start: Start) -> None:
     status, _, body = await call(served, request("POST", "/v2/models/scale/infer", scale_body(1_000_000)))
     assert status == 503 and "memory budget" in error(body)
     assert served.plane.guards.budget.in_use == 0
+
+
+@pytest.mark.parametrize("parser", ["rapidjson", "stdlib"])
+def test_json_reads_a_memoryview_as_it_reads_bytes(monkeypatch: pytest.MonkeyPatch, parser: str) -> None:
+    if parser == "stdlib":
+        monkeypatch.setattr(jsonfmt, "_fast", None)
+    doc = b'{"a": [1, 2.5, "x"], "b": null}'
+    buffer = np.frombuffer(doc, np.uint8).copy().data  # as dataplane.memory.buffer hands it on
+    assert jsonfmt.loads(buffer) == jsonfmt.loads(doc) == jsonfmt.loads_chunked(buffer)
+    with pytest.raises(ValueError):
+        jsonfmt.loads(np.frombuffer(b'{"a": ', np.uint8).copy().data)
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"  ", b" \t\r\n\x0b\x0c" * 50, b" " * 100 + b"{}", b"{}", b"\x00" * 80]
+)
+def test_blank_is_bytes_strip_on_bytes_and_buffers(data: bytes) -> None:
+    expected = not data.strip()
+    assert jsonfmt.blank(data) is expected
+    assert jsonfmt.blank(bytearray(data)) is expected
+    assert jsonfmt.blank(np.frombuffer(data, np.uint8).copy().data) is expected
 
 
 def nested(depth: int) -> str:

@@ -66,7 +66,7 @@ from flowserve.dataplane.inflate import WBITS, Inflater, OverBudget, inflate
 from flowserve.dataplane.memory import trimmer
 from flowserve.dataplane.plane import DataPlane
 from flowserve.frontends.http import jsonfmt
-from flowserve.frontends.http.asgi import ASGIApp, Headers, Receive, Scope, Send
+from flowserve.frontends.http.asgi import ASGIApp, Body, Headers, Receive, Scope, Send
 from flowserve.frontends.http.errors import HttpStatusError, error_body, http_status
 from flowserve.frontends.http.generate import (
     SSE_CONTENT_TYPE,
@@ -501,7 +501,7 @@ class HttpApp:
 
     async def _body(
         self, headers: RequestHeaders, receive: Receive, scope: Scope, json_what: str | None = None
-    ) -> bytes:
+    ) -> Body:
         """The whole request body. A declared size over the limit, or one that does not fit
         the server's budget of buffered request bytes, is refused before anything is read;
         a chunked body is counted against both as it arrives. ``json_what``: the body is all
@@ -517,7 +517,7 @@ class HttpApp:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        body: bytes = message.get("body", b"")
+        body: Body = message.get("body", b"")
         size = len(body)
         if size > limit:
             raise BodyRefused(413, self._too_big(None, limit, json_what))
@@ -558,7 +558,7 @@ class HttpApp:
         scope[_HELD] = scope.get(_HELD, 0) + size
         return size
 
-    async def _inflate(self, body: bytes, encoding: str, scope: Scope, json_only: bool) -> bytes:
+    async def _inflate(self, body: Body, encoding: str, scope: Scope, json_only: bool) -> bytes:
         """The decompressed body (:mod:`flowserve.dataplane.inflate`): never past the request
         limit (``json_only``: the JSON limit) nor ``RATIO`` times its size (413), its bytes
         taken from the budget as they are inflated (503 when they do not fit) and held until
@@ -580,7 +580,7 @@ class HttpApp:
             scope[_HELD] = scope.get(_HELD, 0) + held
         return out
 
-    async def _parse_json(self, data: bytes, what: str, scope: Scope) -> Any:
+    async def _parse_json(self, data: Body, what: str, scope: Scope) -> Any:
         """A JSON document: parsed here when small; over JSON_IN_THREAD bytes refused over
         ``max_json_bytes``, its Python objects counted against the budget, and parsed in a
         worker thread in chunks."""
@@ -609,7 +609,7 @@ class HttpApp:
         body = await self._body(headers, receive, scope, what)
         if headers.content_encoding and headers.content_encoding != "identity":
             body = await self._inflate(body, headers.content_encoding, scope, json_only=True)
-        if not body.strip():
+        if jsonfmt.blank(body):
             return {}
         return await self._parse_json(body, what, scope)
 

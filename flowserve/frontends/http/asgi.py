@@ -13,3 +13,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # (name, value) pairs as ASGI sends them
 Headers = list[tuple[bytes, bytes]]
+# a request body as ``receive`` hands it on: a large one of known length is the buffer it was
+# read straight into (a memoryview of flowserve.dataplane.memory.buffer)
+Body = bytes | bytearray | memoryview

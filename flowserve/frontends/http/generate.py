@@ -59,12 +59,12 @@ class Members(list[tuple[str, Any]]):
     """A JSON object: its members in order, a repeated key kept."""
 
 
-def parse_body(data: bytes | bytearray) -> Any:
+def parse_body(data: bytes | bytearray | memoryview) -> Any:
     """The generate request's JSON document, objects as :class:`Members`."""
-    if not data.strip():
+    if jsonfmt.blank(data):
         return Members()
     try:
-        return json.loads(data, object_pairs_hook=Members)
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data, object_pairs_hook=Members)
     except RecursionError:
         raise InvalidArgument(f"malformed generate request: {TOO_DEEP}") from None
     except ValueError as exc:  # UnicodeDecodeError included

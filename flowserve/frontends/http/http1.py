@@ -24,7 +24,9 @@ body), ASGI messages checked field by field. This server keeps the ASGI interfac
   when the app asks for it (it has accepted its length), the rest is read straight from the
   socket into a buffer of its size (the connection is a ``BufferedProtocol``: every other read
   goes to the server's read buffer and is parsed from there) and handed over whole, so its bytes
-  are not copied in user space (``benchmarks/copies.py``);
+  are not copied in user space (``benchmarks/copies.py``). That buffer comes from
+  :func:`flowserve.dataplane.memory.buffer` (a memoryview: not zero-filled, huge pages), so
+  the app's ``receive`` may hand on ``bytes``, ``bytearray`` or ``memoryview`` bodies;
 - ``Expect: 100-continue`` is answered when the app first asks for the body;
 - a response without Content-Length is sent chunked (HTTP/1.1) or ends by closing (HTTP/1.0);
 - a streamed response (no Content-Length) waits in ``send`` while the transport's buffer is
@@ -87,6 +89,7 @@ import httptools
 
 from flowserve.core.ratelog import LimitedLog
 from flowserve.dataplane.guard import ByteBudget, ConnectionGuard
+from flowserve.dataplane.memory import buffer
 from flowserve.frontends.http.asgi import ASGIApp, Headers, Message, Scope
 
 log = logging.getLogger("flowserve.http")
@@ -144,12 +147,12 @@ class _Request:
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
         self.continue_sent = False
-        self.body: list[bytes | bytearray] = []
+        self.body: list[bytes | bytearray | memoryview] = []
         self.buffered = 0
         # a large body of known length (Content-Length, RAW_BODY_FROM or more): once the app asks
         # for it, the rest is read straight into ``into`` (its size), ``filled`` bytes so far
         self.declared = 0
-        self.into: bytearray | None = None
+        self.into: memoryview | None = None  # (dataplane.memory.buffer: huge pages, not zeroed)
         self.filled = 0
         self.complete = False  # the whole body has arrived
         self.delivered = False  # ... and receive() has handed all of it to the app
@@ -263,7 +266,7 @@ class Connection(asyncio.BufferedProtocol):
         raw = self.raw
         if raw is not None:
             assert raw.into is not None
-            return memoryview(raw.into)[raw.filled :]
+            return raw.into[raw.filled :]
         return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -506,7 +509,7 @@ class Connection(asyncio.BufferedProtocol):
         """Read the rest of a large body of known length straight into a buffer of its size
         (the app asked for it: it accepted its length), and hand it on whole once complete."""
         if request.into is None:
-            into = request.into = bytearray(request.declared)
+            into = request.into = buffer(request.declared)
             filled = 0
             for chunk in request.body:  # what arrived before the app asked
                 into[filled : filled + len(chunk)] = chunk

@@ -74,7 +74,7 @@ class EncodedResponse:
 # ------------------------------------------------------------------ request
 
 
-def parse_json(data: bytes | bytearray, what: str, chunked: bool = False) -> Any:
+def parse_json(data: bytes | bytearray | memoryview, what: str, chunked: bool = False) -> Any:
     """The JSON document ``data``; InvalidArgument when it is malformed or nested too deep.
     ``chunked``: parse it in chunks (a large body, in a worker thread)."""
     try:

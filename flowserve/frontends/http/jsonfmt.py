@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 _fast: Any
 try:
     import rapidjson as _fast
@@ -21,11 +23,26 @@ except ImportError:  # pragma: no cover - rapidjson ships with tritonclient
     _fast = None
 
 
-def loads(data: bytes | bytearray) -> Any:
-    """Parse a UTF-8 JSON document; ValueError (UnicodeDecodeError included) when malformed."""
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Parse a UTF-8 JSON document; ValueError (UnicodeDecodeError included) when malformed.
+    A memoryview (a large body's own buffer, :func:`flowserve.dataplane.memory.buffer`) is
+    copied first: rapidjson reads bytes, and documents this small are parsed here."""
     if _fast is not None:
-        return _fast.loads(data)
+        return _fast.loads(bytes(data) if isinstance(data, memoryview) else data)
     return json.loads(bytes(data).decode("utf-8"))
+
+
+_SPACE = np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)  # what bytes.strip() strips
+
+
+def blank(data: bytes | bytearray | memoryview) -> bool:
+    """True when ``data`` is empty or only whitespace (``bytes.strip`` empties it), without
+    copying a large memoryview."""
+    if not isinstance(data, memoryview):
+        return not data.strip()
+    if bytes(data[:64]).strip():
+        return False
+    return bool(np.isin(np.frombuffer(data, np.uint8), _SPACE).all())
 
 
 CHUNK = 64 << 10
@@ -47,7 +64,7 @@ class _Chunks:
         return bytes(self.data[start:end])
 
 
-def loads_chunked(data: bytes | bytearray) -> Any:
+def loads_chunked(data: bytes | bytearray | memoryview) -> Any:
     """:func:`loads` for large documents, meant for a worker thread: the parser reads
     ``CHUNK`` bytes at a time through Python code, where the thread lets others run."""
     if _fast is not None:

@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from flowserve.core.errors import ResourceExhausted
 from flowserve.dataplane.guard import SMALL
 from flowserve.dataplane.inflate import Corrupt, Inflater, inflate_inline
+from flowserve.dataplane.memory import buffer
 from flowserve.frontends.grpc.h2.calls import EOF, Later, Piece, Refused, Stream, retrieved
 from flowserve.frontends.grpc.h2.compression import ENCODINGS, inflate_rest
 from flowserve.frontends.grpc.h2.frames import (
@@ -243,7 +243,7 @@ class Receiver(Sender):
         if have > 5 + declared:
             return False  # more than one message: refused when the call's request ends
         try:
-            into = np.empty(5 + declared, np.uint8).data  # (its pages are touched as it fills)
+            into = buffer(5 + declared)  # (its pages are touched as it fills)
         except MemoryError:
             return False  # read as any other message (the budget is what bounds it)
         into[: len(data)] = data
