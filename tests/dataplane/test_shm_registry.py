@@ -14,7 +14,7 @@ import pytest
 from flowserve.core.errors import InvalidArgument, ResourceExhausted
 from flowserve.core.limits import Limits
 from flowserve.core.wire import to_raw
-from flowserve.dataplane.shm import MAX_REGIONS, SharedMemoryRegistry
+from flowserve.dataplane.shm import MAX_REGIONS, READ_INTO_FROM, SharedMemoryRegistry
 
 SHM = Path("/dev/shm")
 
@@ -187,3 +187,26 @@ def test_the_open_files_limit_makes_room_for_every_region() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == [str(3 * 500 + MAX_REGIONS + 256)], out
+
+
+def test_a_large_input_is_read_into_its_own_buffer_and_a_short_one_refused() -> None:
+    """From READ_INTO_FROM bytes an input is read with preadv into a buffer of its size (huge
+    pages, dataplane.memory.buffer) rather than a fresh bytes; the same bytes, the same error
+    when the object was truncated under the span."""
+    size = READ_INTO_FROM + 4096
+    obj = shared_memory.SharedMemory(name=f"fs-shm-large-{os.getpid()}", create=True, size=size + 64)
+    registry = SharedMemoryRegistry()
+    try:
+        expected = np.random.default_rng(3).random(size // 4, dtype=np.float32)
+        np.frombuffer(obj.buf, np.float32, count=size // 4, offset=64)[:] = expected
+        registry.register("big", "/" + obj.name, 64, size)
+        value = registry.read_tensor("big", 0, size, "IN", "FP32", [size // 4], Limits())
+        assert isinstance(value, np.ndarray) and value.flags.writeable
+        np.testing.assert_array_equal(value, expected)
+        _resize(obj.name, size // 2)
+        with pytest.raises(InvalidArgument, match=rf"tensor 'IN': .* is {size // 2} bytes now"):
+            registry.read_tensor("big", 0, size, "IN", "FP32", [size // 4], Limits())
+    finally:
+        registry.close()
+        obj.close()
+        obj.unlink()
