@@ -5,26 +5,14 @@ server's WINDOW_UPDATE frames), and report the server's refusal rather than a wr
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_module import load_benchmark
 
-
-def _lean() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lean_client", ROOT / "benchmarks" / "lean_client.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lean = _lean()
+lean = load_benchmark("lean_client")
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

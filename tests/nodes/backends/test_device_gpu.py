@@ -4,7 +4,6 @@ ONNX Runtime (CUDA EP) -> torch graph whose tensors stay on the GPU; CUDA IPC re
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from flowserve.core.device import Device, DeviceTensor, take, to_host
 from flowserve.nodes.backends._support import has_gpu
+from tests.benchmark_module import load_benchmark
 
 torch = pytest.importorskip("torch")
 
@@ -47,21 +47,13 @@ def test_a_consumer_stream_waits_on_the_producers_event() -> None:
     assert copied == y.numel() * 4 and np.all(array == 6.0)
 
 
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("zero_copy_cpu", ROOT / "benchmarks" / "zero_copy_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def test_torch_ort_cuda_torch_stays_on_the_gpu(tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("needs onnxruntime-gpu")
     from flowserve.dataplane.engine import Engine
 
-    bench = _bench()
+    bench = load_benchmark("zero_copy_cpu")
     repo, graphs = bench.write_pipeline(tmp_path)
     for name in ("zc_pre", "zc_mid", "zc_post"):
         config = repo / name / "config.pbtxt"

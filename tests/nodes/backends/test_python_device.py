@@ -9,7 +9,6 @@ graph with torch GPU models, model.py sees ``is_cpu()`` False, nothing is copied
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 from collections.abc import Iterator
@@ -23,10 +22,10 @@ from flowserve.core.device import CPU, Device, DeviceTensor, FakeBuffer, FakeDev
 from flowserve.core.errors import FlowserveError
 from flowserve.nodes.backends import pb_utils
 from flowserve.nodes.backends._support import has_gpu
+from tests.benchmark_module import load_benchmark
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
 
 PROBE = """
 import sys
@@ -111,19 +110,11 @@ def sink() -> Iterator[types.SimpleNamespace]:
         sys.modules.pop("probe_sink", None)
 
 
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("zero_copy_cpu", ROOT / "benchmarks" / "zero_copy_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _write(bk: Any, root: Path, kind: str, parameters: str = NO) -> tuple[Path, Path]:
     """dev_pre (torch, y = 2x) -> dev_py (model.py, y = x + 1) -> dev_post (torch, y = x - 3), as
     an ensemble and as a YAML graph."""
     repo, graphs = root / "models", root / "graphs"
-    bench = _bench()
+    bench = load_benchmark("zero_copy_cpu")
     for name, scale, shift in (("dev_pre", 2.0, 0.0), ("dev_post", 1.0, -3.0)):
         bk.write_model(repo, name, TORCH_CONFIG.format(name=name, kind=kind))
         bench._torch_model(repo / name / "1" / "model.pt2", scale, shift)

@@ -6,7 +6,6 @@ block, outputs read on the host through one), with no device-wide synchronize an
 from __future__ import annotations
 
 import gc
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 
 from flowserve.core.device import Device, to_host
 from flowserve.nodes.backends._support import has_gpu
+from tests.benchmark_module import load_benchmark
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +26,6 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[3]
 WHERE = Device("cuda", 0)
 
 
@@ -108,14 +107,6 @@ def test_outputs_come_back_through_a_pinned_block_after_a_slow_producer(no_devic
     assert got is out and np.all(out == 3.0)
 
 
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("zero_copy_cpu", ROOT / "benchmarks" / "zero_copy_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("model", ["zc_pre", "zc_mid"])
 async def test_gpu_backends_stage_host_inputs_and_outputs(
     tmp_path: Path, model: str, monkeypatch: pytest.MonkeyPatch
@@ -126,7 +117,7 @@ async def test_gpu_backends_stage_host_inputs_and_outputs(
         ort = pytest.importorskip("onnxruntime")
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             pytest.skip("needs onnxruntime-gpu")
-    bench = _bench()
+    bench = load_benchmark("zero_copy_cpu")
     repo, graphs = bench.write_pipeline(tmp_path)
     config = repo / model / "config.pbtxt"
     config.write_text(config.read_text().replace("KIND_CPU", "KIND_GPU"))

@@ -6,7 +6,6 @@ front-end buffer, a numpy node after a device-aware one) are counted per node an
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,11 +21,11 @@ from flowserve.dataplane.engine import Engine
 from flowserve.dataplane.plane import DataPlane
 from flowserve.observability.metrics import EngineCollector
 from flowserve.observability.snapshot import node_summary
+from tests.benchmark_module import load_benchmark
 
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-ROOT = Path(__file__).resolve().parents[3]
 
 PROBE = """
 import numpy as np
@@ -66,17 +65,9 @@ nodes:
 """
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("zero_copy_cpu", ROOT / "benchmarks" / "zero_copy_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, Path]:
-    bench = _bench()
+    bench = load_benchmark("zero_copy_cpu")
     repo, graphs = bench.write_pipeline(tmp_path_factory.mktemp("zc"))
     (graphs / "zc_probed.yaml").write_text(PROBED)
     (graphs.parent / "zc_probe.py").write_text(PROBE)
