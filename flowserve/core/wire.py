@@ -182,9 +182,13 @@ def to_raw(array: np.ndarray) -> bytes:
 
 def raw_view(array: np.ndarray) -> bytes | memoryview:
     """What :func:`to_raw` gives, as a view of the array's own memory where its bytes already
-    are the wire's (fixed-size, little-endian, C-contiguous), else :func:`to_raw`'s copy."""
-    if array.dtype.kind in "OSU" or array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+    are the wire's (fixed-size, little-endian, C-contiguous), else of one little-endian
+    C-ordered copy (``to_raw`` makes two there: the array, then its ``bytes``; BYTES tensors:
+    ``to_raw``'s encoding)."""
+    if array.dtype.kind in "OSU":
         return to_raw(array)
+    if array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     return array.reshape(-1).view(np.uint8).data if array.size else b""
 
 

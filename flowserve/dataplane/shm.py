@@ -37,7 +37,7 @@ import numpy as np
 from flowserve.core.device import DeviceTensor, to_host
 from flowserve.core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unsupported
 from flowserve.core.limits import Limits
-from flowserve.core.wire import check_shm_size, from_raw, to_raw
+from flowserve.core.wire import check_shm_size, from_raw, raw_view
 from flowserve.dataplane.memory import buffer
 
 if TYPE_CHECKING:
@@ -298,11 +298,7 @@ def _pwrite(fd: int, data: memoryview, start: int) -> None:
 def _raw_view(array: np.ndarray) -> memoryview:
     """The raw little-endian bytes of a tensor: numeric ones straight from the array's
     buffer (no copy when it is contiguous), BYTES ones length-prefixed."""
-    if array.dtype.kind in "OSU":
-        return memoryview(to_raw(array))
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    return memoryview(raw_view(array))
 
 
 def check_span(kind: str, name: str, size: int, offset: int, byte_size: int, tensor: str) -> None:

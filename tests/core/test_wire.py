@@ -3,7 +3,7 @@ import pytest
 
 from flowserve.core.errors import InvalidArgument, ResourceExhausted
 from flowserve.core.limits import Limits
-from flowserve.core.wire import from_list, from_raw, to_raw
+from flowserve.core.wire import from_list, from_raw, raw_view, to_raw
 
 
 @pytest.mark.parametrize(
@@ -130,3 +130,25 @@ def test_bytes_encode_takes_str_and_fixed_width_arrays() -> None:
 def test_bad_bytes_in_bulk(count: int, data: bytes, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         from_raw("s", "BYTES", [count], data, Limits(max_bytes_element=16))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),  # the array's own bytes
+        np.arange(12, dtype=np.float32).reshape(3, 4).T,  # transposed: one C-ordered copy
+        np.arange(12, dtype=">i4").reshape(3, 4)[:, ::2],  # big-endian and strided: one copy
+        np.arange(6, dtype=">f8"),
+        np.array(7, dtype=np.int16),  # 0-d
+        np.zeros((0, 3), np.float32),
+        np.array([[True, False], [False, True]]).T,
+        np.array([b"ab", b"", b"xyz"], dtype=np.object_),
+    ],
+)
+def test_raw_view_is_to_raw_without_a_second_copy(array: np.ndarray) -> None:
+    view = raw_view(array)
+    assert bytes(view) == to_raw(array)
+    if array.dtype.kind != "O" and array.size:
+        assert isinstance(view, memoryview)  # never a bytes copy of a copy
+        base = np.frombuffer(view, np.uint8)
+        assert np.shares_memory(base, array) == (array.flags.c_contiguous and array.dtype.byteorder != ">")
