@@ -38,10 +38,11 @@ alone.
 :func:`buffer` is the buffer a large request body is received into (HTTP and gRPC), and a large
 input read from a system shared-memory region (``dataplane/shm.py``): not zero-filled, and
 numpy's allocator asks the kernel for huge pages for it (``madvise``), so a block over the mmap
-threshold, mapped afresh for every request, is faulted in 2 MiB at a time instead of 4 KiB. A ``bytearray`` of the same size is zero-filled page by page: a 64 MiB HTTP
-request took 16,389 page faults and 75-87 ms of server CPU against gRPC's 33 and 30-42 ms, and
-a 64 MiB ``bytes`` read with ``os.pread`` the same 16,385 faults (benchmarks/README.md, "16 MiB
-gRPC against HTTP with clients of equal cost, and 64 MiB over HTTP").
+threshold, mapped afresh for every request, is faulted in 2 MiB at a time instead of 4 KiB. A
+``bytearray`` of the same size is zero-filled page by page: a 64 MiB HTTP request took 16,389
+page faults and 75-87 ms of server CPU against gRPC's 33 and 30-42 ms, and a 64 MiB ``bytes``
+read with ``os.pread`` the same 16,385 faults (benchmarks/README.md, "16 MiB gRPC against HTTP
+with clients of equal cost, and 64 MiB over HTTP").
 """
 
 from __future__ import annotations
