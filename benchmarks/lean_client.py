@@ -255,6 +255,10 @@ class GrpcClient:
     def _read_control(self) -> None:
         length, kind, flags, sid = self._read_header()
         payload = self._payload(length)
+        if kind == HEADERS and sid == self.sid:  # answered before the whole request was sent
+            headers = dict(self.decoder.decode(payload))
+            message = headers.get("grpc-message", "")
+            raise ProtocolError(f"grpc-status {headers.get('grpc-status')} while sending: {message}")
         if kind in (DATA, HEADERS):
             raise ProtocolError(f"frame {kind} on stream {sid} while sending")
         self._control(kind, flags, sid, payload)

@@ -33,11 +33,12 @@ def test_the_answer_is_the_request(server: Any, protocol: str, elements: int) ->
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_refusal_is_an_error_naming_the_model(server: Any, protocol: str) -> None:
+@pytest.mark.parametrize("elements", [4, (17 << 20) // 4])  # a large one may be refused mid-send
+def test_a_refusal_is_an_error_naming_the_model(server: Any, protocol: str, elements: int) -> None:
     kind, port = (
         (lean.HttpClient, server.http_port) if protocol == "http" else (lean.GrpcClient, server.grpc_port)
     )
-    client = kind("127.0.0.1", port, "no_such_model", np.zeros(4, np.float32))
+    client = kind("127.0.0.1", port, "no_such_model", np.zeros(elements, np.float32))
     try:
         with pytest.raises(lean.ProtocolError, match="no_such_model"):
             client.infer()
