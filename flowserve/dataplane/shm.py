@@ -273,7 +273,7 @@ def _pread(fd: int, size: int, start: int) -> bytes | memoryview | None:
             if not count:
                 return None
             got += count
-        return into
+        return into.toreadonly()  # inputs stay read-only, as bytes made them (and HTTP and gRPC do)
     data = os.pread(fd, size, start)
     if len(data) == size:
         return data
