@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +21,7 @@ from flowserve.core.limits import DEFAULT_LIMITS
 from flowserve.core.types import InferResponse
 from flowserve.frontends.http.http1 import RAW_BODY_FROM, Connection, Http1Server
 from flowserve.frontends.http.infer import ResponsePlan, _decode_inputs, encode_response
-from tests.conformance.test_http1 import App, read_response
+from tests.conformance.test_http1 import App, read_response, until
 
 MiB = 1024 * 1024
 
@@ -81,6 +82,39 @@ async def test_a_large_body_arrives_whole_and_the_connection_goes_on(
     received = large[0]["body"]  # the buffer it was read into (dataplane.memory.buffer), writable
     assert isinstance(received, memoryview) and not received.readonly and received.nbytes == len(body)
     assert sum(straight) > len(body) // 2  # most of it read straight into its buffer
+
+
+def _resident_mib() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the resident size from /proc")
+async def test_a_declared_size_is_not_resident_before_its_bytes_arrive(
+    served: tuple[Http1Server, App, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffer a large body is read into (dataplane.memory.buffer) is not zero-filled: a
+    client that declares 200 MiB and sends 1 MiB holds about 1 MiB of the server's memory, not
+    200 (a bytearray of the declared size held it all at once: four such clients took a
+    server from 83 to 883 MiB resident)."""
+    _, _, port = served
+    filled: list[int] = []
+    original = Connection._raw_received
+
+    def counted(self: Connection, nbytes: int) -> None:
+        original(self, nbytes)
+        assert self.raw is not None
+        filled.append(self.raw.filled)
+
+    monkeypatch.setattr(Connection, "_raw_received", counted)
+    before = _resident_mib()
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(_head("/echo", 200 * MiB) + bytes(MiB))
+        await writer.drain()
+        await until(lambda: bool(filled) and filled[-1] >= MiB // 2)
+        assert _resident_mib() - before < 64
+    finally:
+        writer.close()
 
 
 async def test_a_large_body_after_100_continue(served: tuple[Http1Server, App, int]) -> None:
