@@ -19,7 +19,8 @@ client's.
 ``--client lean`` sends the same requests with ``lean_client.py``'s clients instead, which copy
 the payload in user space on neither protocol (perf_analyzer's gRPC client copies it three
 times, its HTTP client about once each way): with both clients costing the same, a gap between
-gRPC and HTTP is the server's. HTTP and gRPC only (no shm); the window is ``--window-ms``.
+gRPC and HTTP is the server's. HTTP and gRPC only (shm needs perf_analyzer); each measurement
+lasts ``--window-ms``.
 
     python benchmarks/large_tensors.py                     # 1 KiB .. 64 MiB, 2 repeats, ~10 min
     python benchmarks/large_tensors.py --sizes 16M --transports grpc http --repeats 3
@@ -252,7 +253,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
+    parser.add_argument(
+        "--transports", nargs="+", choices=TRANSPORTS, help="default: all (--client lean: http grpc)"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--no-triton", action="store_true", help="measure flowserve alone")
@@ -265,6 +268,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "large_tensors.json")
     args = parser.parse_args(argv)
+    if args.transports is None:
+        args.transports = list(TRANSPORTS) if args.client == "perf_analyzer" else ["http", "grpc"]
     if args.client == "lean" and "shm" in args.transports:
         parser.error("--client lean measures http and grpc; shm needs perf_analyzer")
     return args
