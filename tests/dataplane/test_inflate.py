@@ -13,6 +13,7 @@ import pytest
 from flowserve.dataplane.guard import SMALL, ByteBudget
 from flowserve.dataplane.inflate import (
     FLOOR,
+    IN_CHUNK,
     MAX_STEP,
     RATIO,
     WBITS,
@@ -120,3 +121,39 @@ def test_bad_and_cut_data_are_corrupt() -> None:
 def test_deflate_and_a_body_larger_than_inline() -> None:
     raw = bytes(range(256)) * (8 << 12)  # 8 MiB, inflated mostly in a thread
     assert asyncio.run(inflate(Inflater(zlib.compress(raw), WBITS["deflate"], 64 << 20))) == raw
+
+
+def test_a_body_of_many_input_chunks_in_small_steps() -> None:
+    """zlib is handed IN_CHUNK compressed bytes at a time (what it leaves of one is all it
+    copies): steps that end inside a chunk, chunks that end inside a step, any buffer type,
+    and a cut anywhere past the first chunk still found."""
+    raw = np.random.default_rng(9).bytes(3 * IN_CHUNK)  # incompressible: three chunks of input
+    packed = gzip.compress(raw, 6)
+    assert len(packed) > 2 * IN_CHUNK
+    for body in (packed, bytearray(packed), np.frombuffer(packed, np.uint8).copy().data):
+        inflater = Inflater(body, GZIP, 64 << 20)
+        while not inflater.done:
+            inflater.step(inflater.plan(cap=300_001))  # odd steps: never on a chunk's edge
+        assert inflater.result() == raw
+    assert asyncio.run(inflate(Inflater(packed, GZIP, 64 << 20))) == raw
+    with pytest.raises(Corrupt, match="truncated"):
+        asyncio.run(inflate(Inflater(packed[: IN_CHUNK + 12345], GZIP, 64 << 20)))
+
+
+def test_zlib_never_gets_more_than_a_chunk_of_input() -> None:
+    """What zlib copies per call (its unconsumed tail) is bounded by IN_CHUNK, not by the body."""
+    packed = gzip.compress(np.random.default_rng(10).bytes(3 * IN_CHUNK), 1)
+    inflater = Inflater(packed, GZIP, 64 << 20)
+    real, given = inflater._zlib, []
+
+    class Recording:
+        eof = property(lambda self: real.eof)
+        unconsumed_tail = property(lambda self: real.unconsumed_tail)
+
+        def decompress(self, data: bytes, max_length: int) -> bytes:
+            given.append(len(data))
+            return bytes(real.decompress(data, max_length))
+
+    inflater._zlib = Recording()
+    assert asyncio.run(inflate(inflater)) == zlib.decompress(packed, GZIP)
+    assert len(given) > 3 and max(given) <= IN_CHUNK
