@@ -175,6 +175,8 @@ class Inflater:
             except zlib.error as exc:
                 raise Corrupt(f"{self.what} is not valid compressed data: {exc}") from None
             self._tail = unzip.unconsumed_tail
+            if not part and len(self._tail) == len(chunk) and not unzip.eof:
+                raise Corrupt(f"{self.what} is not valid compressed data: no progress")  # never loop
             produced += len(part)
             self.size += len(part)
             if self.size > self.ceiling:
