@@ -234,7 +234,7 @@ class SharedMemoryRegistry:
         if cuda is not None and region not in self._regions and cuda.has(region):
             return cuda.write(region, offset, byte_size, value, tensor)
         array = value if isinstance(value, np.ndarray) else to_host(value)[0]
-        data = _raw_view(array)
+        data = memoryview(raw_view(array))  # the array's own bytes where they are the wire's
         self.write(region, offset, byte_size, data, tensor)
         return data.nbytes
 
@@ -293,12 +293,6 @@ def _pwrite(fd: int, data: memoryview, start: int) -> None:
     done = os.pwrite(fd, data, start)
     while done < data.nbytes:
         done += os.pwrite(fd, data[done:], start + done)
-
-
-def _raw_view(array: np.ndarray) -> memoryview:
-    """The raw little-endian bytes of a tensor: numeric ones straight from the array's
-    buffer (no copy when it is contiguous), BYTES ones length-prefixed."""
-    return memoryview(raw_view(array))
 
 
 def check_span(kind: str, name: str, size: int, offset: int, byte_size: int, tensor: str) -> None:
