@@ -38,14 +38,31 @@ import hpack
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+# the protocol's constants and frame codec as flowserve's transport has them (tests/h2raw.py's
+# raw client takes them from there too)
+from flowserve.frontends.grpc.h2.frames import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    FRAME_HEAD,
+    GOAWAY,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    MAX_FRAME_SIZE,
+    PADDED,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+)
+from flowserve.frontends.grpc.h2.frames import MAX_WINDOW as BIG_WINDOW
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from servers import cpu_seconds
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
-END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
-INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 4, 5
-BIG_WINDOW = (1 << 31) - 1
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 RAW_INPUT_TAG = b"\x3a"  # ModelInferRequest.raw_input_contents: field 7, length-delimited
 
@@ -201,20 +218,12 @@ class GrpcClient:
             self.sock,
             [
                 PREFACE,
-                self._frame(SETTINGS, 0, 0, settings),
-                self._frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", BIG_WINDOW - 65_535)),
+                frame(SETTINGS, 0, 0, settings),
+                frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", BIG_WINDOW - 65_535)),
             ],
         )
         while not self._settled:  # the server's SETTINGS, acknowledged
             self._read_control()
-
-    @staticmethod
-    def _frame_header(kind: int, flags: int, sid: int, length: int) -> bytes:
-        return length.to_bytes(3, "big") + bytes([kind, flags]) + sid.to_bytes(4, "big")
-
-    @classmethod
-    def _frame(cls, kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-        return cls._frame_header(kind, flags, sid, len(payload)) + payload
 
     def _read_header(self) -> tuple[int, int, int, int]:
         recv_exact(self.sock, memoryview(self.header))
@@ -237,7 +246,7 @@ class GrpcClient:
                     self.stream_window_init = value
                 elif key == MAX_FRAME_SIZE:
                     self.max_frame = value
-            send_all(self.sock, [self._frame(SETTINGS, ACK, 0)])
+            send_all(self.sock, [frame(SETTINGS, ACK, 0)])
             self._settled = True
         elif kind == WINDOW_UPDATE:
             increment = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
@@ -246,7 +255,7 @@ class GrpcClient:
             elif sid == self.sid:
                 self.stream_window += increment
         elif kind == PING and not flags & ACK:
-            send_all(self.sock, [self._frame(PING, ACK, 0, payload)])
+            send_all(self.sock, [frame(PING, ACK, 0, payload)])
         elif kind == GOAWAY:
             raise ProtocolError(f"GOAWAY {payload[4:8].hex()} {payload[8:]!r}")
         elif kind == RST_STREAM and sid == self.sid:
@@ -256,7 +265,7 @@ class GrpcClient:
         length, kind, flags, sid = self._read_header()
         payload = self._payload(length)
         if kind == HEADERS and sid == self.sid:  # answered before the whole request was sent
-            headers = dict(self.decoder.decode(payload))
+            headers: dict[Any, Any] = dict(self.decoder.decode(payload))
             message = headers.get("grpc-message", "")
             raise ProtocolError(f"grpc-status {headers.get('grpc-status')} while sending: {message}")
         if kind in (DATA, HEADERS):
@@ -277,7 +286,9 @@ class GrpcClient:
             while taken < take:  # frames of at most max_frame, their payloads uncopied
                 chunk = min(self.max_frame, take - taken)
                 flags = END_STREAM if left - taken - chunk == 0 else 0
-                batch.append(self._frame_header(DATA, flags, self.sid, chunk))
+                batch.append(
+                    FRAME_HEAD.pack(chunk >> 16, chunk & 0xFFFF, DATA, flags, self.sid)
+                )  # payload apart
                 need = chunk
                 while need:
                     head = pieces[0]
@@ -309,7 +320,7 @@ class GrpcClient:
                 ("te", "trailers"),
             ]
         )
-        send_all(self.sock, [self._frame(HEADERS, END_HEADERS, self.sid, block)])
+        send_all(self.sock, [frame(HEADERS, END_HEADERS, self.sid, block)])
         self._send_body()
         view = memoryview(self.buf)
         got = 0
@@ -332,7 +343,7 @@ class GrpcClient:
         if status != "0":
             raise ProtocolError(f"grpc-status {status}: {headers.get('grpc-message', '')}")
         if self.consumed > BIG_WINDOW // 2:  # give the connection's window back now and then
-            send_all(self.sock, [self._frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.consumed))])
+            send_all(self.sock, [frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.consumed))])
             self.consumed = 0
         return view[got - self.payload.nbytes : got]
 
